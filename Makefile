@@ -1,0 +1,61 @@
+# gpuscope: `make demo` and `make test` are the two entry points (see README.md).
+# Both install what they need, idempotently: a second run installs nothing new.
+
+SHELL        := /bin/bash
+PYTHON_SYS   ?= /usr/bin/python3
+VENV         := .venv
+PY           := $(VENV)/bin/python
+BUILD        := build
+FAKENVML_LIB := $(BUILD)/fakenvml/libnvidia-ml.so.1
+CC           ?= cc
+CFLAGS_FAKE  := -std=c11 -O2 -g -fPIC -Wall -Wextra -Wpedantic -Wshadow -Wconversion -Werror
+PYTEST_ARGS  ?=
+
+.PHONY: all deps venv fakenvml demo test lint typecheck unit bench golden-update clean
+
+all: venv fakenvml
+
+## System packages (Debian): compiler, venv, promtool. Skips apt entirely when all are present.
+deps: $(BUILD)/.deps-stamp
+$(BUILD)/.deps-stamp: scripts/install-deps.sh
+	@bash scripts/install-deps.sh
+	@mkdir -p $(BUILD) && touch $@
+
+## Python virtual environment with pinned tools; rebuilt when the dependency files change.
+venv: $(VENV)/.stamp
+$(VENV)/.stamp: pyproject.toml requirements-dev.txt $(BUILD)/.deps-stamp
+	@test -x $(PY) || $(PYTHON_SYS) -m venv $(VENV)
+	@$(PY) -m pip install -q --disable-pip-version-check -r requirements-dev.txt
+	@$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@touch $@
+
+## The fake NVML library that tests and the demo put in front of the real pynvml bindings.
+fakenvml: $(FAKENVML_LIB)
+$(FAKENVML_LIB): tests/fakenvml/fakenvml.c $(BUILD)/.deps-stamp
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_FAKE) -shared -Wl,-soname,libnvidia-ml.so.1 -o $@ $< -lm -lpthread
+
+demo: venv fakenvml
+	@$(PY) scripts/demo.py $(DEMO_ARGS)
+
+lint: venv
+	$(VENV)/bin/ruff check agent exporters tests scripts scripts/gpu-check bench
+	$(VENV)/bin/ruff format --check agent exporters tests scripts scripts/gpu-check bench
+
+typecheck: venv
+	$(VENV)/bin/mypy
+
+unit: venv fakenvml
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test: lint typecheck unit
+
+## Regenerate golden files and docs/metrics.md after an intended change; review the diff.
+golden-update: venv fakenvml
+	GPUSCOPE_UPDATE_GOLDEN=1 $(PY) -m pytest tests/test_golden.py tests/test_metrics_doc.py
+
+bench: venv fakenvml
+	$(PY) bench/bench_gpu.py
+
+clean:
+	rm -rf $(BUILD) $(VENV)

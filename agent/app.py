@@ -1,0 +1,87 @@
+"""Wiring: sources -> runner -> Prometheus collector -> HTTP server.
+
+The only module that knows both sides of the data flow. Tests build an `Agent` in-process
+with their own clock; the command line builds one from flags.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from prometheus_client.registry import CollectorRegistry
+
+from agent.clock import Clock, SystemClock
+from agent.config import Config
+from agent.gpu.source import GpuConfig, GpuSource
+from agent.sources import Collection, Source, SourceRunner
+from exporters.prometheus.collector import GpuscopeCollector
+
+log = logging.getLogger("gpuscope")
+
+
+def build_sources(config: Config, clock: Clock, *, background: bool = True) -> list[Source[object]]:
+    sources: list[Source[object]] = []
+    for name in config.collectors:
+        if name == "gpu":
+            sources.append(
+                GpuSource(
+                    GpuConfig(
+                        sample_interval=config.sample_interval,
+                        idle_threshold=config.idle_threshold,
+                        nvlink_per_link=config.nvlink_per_link,
+                        sysfs=config.sysfs,
+                        background=background,
+                    ),
+                    clock=clock,
+                )
+            )
+    return sources
+
+
+class Agent:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        clock: Clock | None = None,
+        sources: list[Source[object]] | None = None,
+        background: bool = True,
+    ) -> None:
+        self.config = config
+        self.clock = clock or SystemClock()
+        self.sources = (
+            sources
+            if sources is not None
+            else build_sources(config, self.clock, background=background)
+        )
+        self.runner = SourceRunner(self.sources)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(GpuscopeCollector(self.runner.collect))
+        self._ready = threading.Event()
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
+    def start(self) -> Collection:
+        """Start every source and run the first full collection (then /readyz says ready)."""
+        self.runner.start()
+        first = self.runner.collect()
+        self._ready.set()
+        failed = [r.name for r in first.results.values() if not r.success]
+        log.info(
+            "ready: collectors %s%s",
+            ", ".join(self.runner.names) or "none",
+            f" (failing: {', '.join(failed)})" if failed else "",
+        )
+        return first
+
+    def source(self, name: str) -> Source[object]:
+        for s in self.sources:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    def stop(self) -> None:
+        self.runner.stop()

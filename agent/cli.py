@@ -1,0 +1,70 @@
+"""`gpuscope`: parse flags, start the sources, serve until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+
+from agent import logs
+from agent.app import Agent
+from agent.config import ConfigError, parse
+from agent.server import MetricsServer
+
+log = logging.getLogger("gpuscope")
+
+EXIT_USAGE = 2
+EXIT_RUNTIME = 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        config = parse(argv)
+    except ConfigError as exc:
+        print(f"gpuscope: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    logs.setup(config.log_format, config.log_level)
+
+    agent = Agent(config)
+    # Bind before starting sources: a port conflict is the most common deployment error and
+    # should fail fast, not after NVML and BPF have been set up.
+    try:
+        server = MetricsServer(
+            (config.listen_host, config.listen_port), agent.registry, lambda: agent.ready
+        )
+    except OSError as exc:
+        where = f"{config.listen_host or '*'}:{config.listen_port}"
+        reason = "address already in use" if exc.errno == errno.EADDRINUSE else exc.strerror
+        print(f"gpuscope: cannot listen on {where}: {reason}", file=sys.stderr)
+        return EXIT_RUNTIME
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.info("received %s, shutting down", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    server.start()
+    log.info(
+        "serving on http://%s:%d/metrics (node %s)",
+        config.listen_host or "0.0.0.0",
+        server.port,
+        config.node_name,
+    )
+    try:
+        agent.start()
+        stop.wait()
+    finally:
+        server.stop()
+        agent.stop()
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""Command-line flags, each with a `GPUSCOPE_*` environment variable (flags win).
+
+Bad values end the program with one line naming the flag and what is wrong, before any
+source starts: a DaemonSet with a typo should crash-loop with a readable reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+AVAILABLE_COLLECTORS = ("gpu",)
+DEFAULT_COLLECTORS = ("gpu",)
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    listen_host: str
+    listen_port: int
+    sample_interval: float
+    collectors: tuple[str, ...]
+    node_name: str
+    log_format: str
+    log_level: str
+    procfs: Path
+    sysfs: Path
+    idle_threshold: float
+    nvlink_per_link: bool
+
+
+def _env_name(flag: str) -> str:
+    return "GPUSCOPE_" + flag.lstrip("-").replace("-", "_").upper()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gpuscope",
+        description="GPU and network observability agent for Kubernetes nodes. Every flag can "
+        "also be set with the environment variable shown in brackets.",
+    )
+
+    def add(flag: str, help_text: str, **kw: object) -> None:
+        p.add_argument(flag, help=f"{help_text} [{_env_name(flag)}]", **kw)  # type: ignore[arg-type]
+
+    add("--listen", "address to serve /metrics, /healthz and /readyz on (default :9400)")
+    add("--sample-interval", "seconds between GPU sampler ticks (default 1)")
+    add(
+        "--collectors",
+        f"comma-separated collectors to enable (available: {', '.join(AVAILABLE_COLLECTORS)}; "
+        f"default: {','.join(DEFAULT_COLLECTORS)})",
+    )
+    add("--node-name", "this node's name (default: $NODE_NAME, else the host name)")
+    add("--log-format", "json or text (default text)")
+    add("--log-level", "debug, info, warning or error (default info)")
+    add("--procfs", "where the host's /proc is mounted (default /proc)")
+    add("--sysfs", "where the host's /sys is mounted (default /sys)")
+    add(
+        "--idle-threshold",
+        "utilization ratio (0-1) above which a GPU counts as active (default 0)",
+    )
+    add(
+        "--nvlink-per-link",
+        "also export NVLink throughput per link (true/false, default false)",
+        nargs="?",
+        const="true",
+    )
+    p.add_argument("--version", action="version", version="%(prog)s " + _version())
+    return p
+
+
+def _version() -> str:
+    from agent import __version__
+
+    return __version__
+
+
+def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> Config:
+    """Parse flags over environment variables over defaults; raise ConfigError on bad values."""
+    env = os.environ if env is None else env
+    args = build_parser().parse_args(argv)
+
+    def value(flag: str, default: str) -> str:
+        given = getattr(args, flag.lstrip("-").replace("-", "_"))
+        if given is not None:
+            return str(given)
+        return env.get(_env_name(flag), default)
+
+    host, port = _listen(value("--listen", ":9400"))
+    collectors = _collectors(value("--collectors", ",".join(DEFAULT_COLLECTORS)))
+    log_format = value("--log-format", "text").lower()
+    if log_format not in ("json", "text"):
+        raise ConfigError(f"--log-format: expected json or text, got {log_format!r}")
+    log_level = value("--log-level", "info").lower()
+    if log_level not in ("debug", "info", "warning", "error"):
+        raise ConfigError(f"--log-level: expected debug, info, warning or error, got {log_level!r}")
+    interval = _number("--sample-interval", value("--sample-interval", "1"))
+    if not 0.05 <= interval <= 60:
+        raise ConfigError(f"--sample-interval: expected 0.05 to 60 seconds, got {interval:g}")
+    threshold = _number("--idle-threshold", value("--idle-threshold", "0"))
+    if not 0 <= threshold < 1:
+        raise ConfigError(
+            f"--idle-threshold: expected a ratio from 0 to below 1, got {threshold:g}"
+        )
+    node = value("--node-name", env.get("NODE_NAME", "")) or socket.gethostname()
+    return Config(
+        listen_host=host,
+        listen_port=port,
+        sample_interval=interval,
+        collectors=collectors,
+        node_name=node,
+        log_format=log_format,
+        log_level=log_level,
+        procfs=Path(value("--procfs", "/proc")),
+        sysfs=Path(value("--sysfs", "/sys")),
+        idle_threshold=threshold,
+        nvlink_per_link=_boolean("--nvlink-per-link", value("--nvlink-per-link", "false")),
+    )
+
+
+def _listen(text: str) -> tuple[str, int]:
+    host, sep, port_text = text.rpartition(":")
+    if not sep:
+        raise ConfigError(f"--listen: expected [HOST]:PORT, got {text!r}")
+    host = host.strip("[]")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ConfigError(f"--listen: port must be a number, got {port_text!r}") from None
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"--listen: port must be 0-65535, got {port}")
+    return host, port
+
+
+def _collectors(text: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    unknown = [n for n in names if n not in AVAILABLE_COLLECTORS]
+    if unknown:
+        raise ConfigError(
+            f"--collectors: unknown collector {unknown[0]!r} "
+            f"(available: {', '.join(AVAILABLE_COLLECTORS)})"
+        )
+    return names
+
+
+def _number(flag: str, text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError(f"{flag}: expected a number, got {text!r}") from None
+
+
+def _boolean(flag: str, text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigError(f"{flag}: expected true or false, got {text!r}")

@@ -1,0 +1,336 @@
+"""Reading one GPU through NVML into records: identity once, state on every collection.
+
+Only NVML's own units appear in this module's arithmetic (mW, MiB, MHz, %, KiB); everything
+that leaves it is in base units.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agent.gpu import fields
+from agent.gpu.nvml import GpuLost, Nvml, text
+from agent.gpu.records import GpuIdentity, GpuIntegrals, GpuReading, MigInstance, NvLink
+
+log = logging.getLogger("gpuscope.gpu")
+
+MHZ = 1_000_000.0
+
+ARCHITECTURES: Mapping[int, str] = {
+    2: "kepler",
+    3: "maxwell",
+    4: "pascal",
+    5: "volta",
+    6: "turing",
+    7: "ampere",
+    8: "ada-lovelace",
+    9: "hopper",
+    10: "blackwell",
+    13: "rubin",
+}
+
+# nvmlClocksEventReason* bits -> the `reason` label. Every reason is exported on every
+# scrape (0 or 1) so that alerts can tell "not throttled" from "not reported".
+THROTTLE_REASONS: tuple[tuple[int, str], ...] = (
+    (0x001, "idle"),
+    (0x002, "applications_clocks"),
+    (0x004, "sw_power_cap"),
+    (0x008, "hw_slowdown"),
+    (0x010, "sync_boost"),
+    (0x020, "sw_thermal"),
+    (0x040, "hw_thermal"),
+    (0x080, "hw_power_brake"),
+    (0x100, "display_clocks"),
+)
+
+CLOCKS: tuple[tuple[str, int], ...] = (("graphics", 0), ("sm", 1), ("memory", 2))
+
+NVML_TEMPERATURE_GPU = 0
+NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
+NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+NVML_VOLATILE_ECC = 0
+NVML_MEMORY_V2 = 0x02000028
+
+
+@dataclass
+class Device:
+    """A discovered GPU: its handle, identity and what we learned about its capabilities."""
+
+    handle: Any
+    identity: GpuIdentity
+    nvlink_count: int | None = None  # None until probed; 0 = no NVLink
+
+
+def discover(nvml: Nvml, index: int, sysfs: Path) -> Device:
+    """Read a GPU's identity. Raises GpuLost if it does not answer."""
+    handle = nvml.call("nvmlDeviceGetHandleByIndex", index)
+    uuid = text(nvml.call("nvmlDeviceGetUUID", handle))
+    model = text(nvml.call("nvmlDeviceGetName", handle))
+    pci = nvml.query("nvmlDeviceGetPciInfo", handle)
+    bus_id = text(pci.busId) if pci is not None else ""
+    serial = nvml.query("nvmlDeviceGetSerial", handle)
+    arch = nvml.query("nvmlDeviceGetArchitecture", handle)
+    cc = nvml.query("nvmlDeviceGetCudaComputeCapability", handle)
+    numa = nvml.query("nvmlDeviceGetNumaNodeId", handle)
+    if numa is None or int(numa) < 0:
+        numa = numa_node_from_sysfs(sysfs, bus_id)
+    identity = GpuIdentity(
+        index=index,
+        uuid=uuid,
+        model=model,
+        pci_bus_id=bus_id,
+        serial=text(serial) if serial is not None else "",
+        architecture=ARCHITECTURES.get(int(arch), "unknown") if arch is not None else "unknown",
+        compute_capability=f"{cc[0]}.{cc[1]}" if cc is not None else "",
+        numa_node=int(numa) if numa is not None and int(numa) >= 0 else None,
+    )
+    return Device(handle=handle, identity=identity)
+
+
+def sysfs_pci_address(nvml_bus_id: str) -> str:
+    """NVML's `00000000:18:00.0` -> sysfs's `0000:18:00.0`."""
+    domain, _, rest = nvml_bus_id.partition(":")
+    if not rest:
+        return nvml_bus_id.lower()
+    return f"{int(domain, 16):04x}:{rest}".lower()
+
+
+def numa_node_from_sysfs(sysfs: Path, bus_id: str) -> int | None:
+    """Older drivers lack nvmlDeviceGetNumaNodeId; the kernel knows the answer too."""
+    if not bus_id:
+        return None
+    path = sysfs / "bus" / "pci" / "devices" / sysfs_pci_address(bus_id) / "numa_node"
+    try:
+        node = int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return node if node >= 0 else None
+
+
+def read(
+    nvml: Nvml,
+    device: Device,
+    integrals: GpuIntegrals,
+    xid_errors: Mapping[int, int],
+) -> GpuReading:
+    """Read everything about one GPU. A lost GPU yields a reading with `up=False` only."""
+    try:
+        return _read(nvml, device, integrals, xid_errors)
+    except GpuLost as exc:
+        log.debug("GPU %s lost: %s", device.identity.index, exc)
+        return GpuReading(identity=device.identity, up=False, xid_errors=dict(xid_errors))
+
+
+def _read(
+    nvml: Nvml,
+    device: Device,
+    integrals: GpuIntegrals,
+    xid_errors: Mapping[int, int],
+) -> GpuReading:
+    h = device.handle
+    q = nvml.query
+
+    mig_mode: str | None = None
+    mig = q("nvmlDeviceGetMigMode", h)
+    if mig is not None:
+        mig_mode = "enabled" if int(mig[0]) == 1 else "disabled"
+
+    util = q("nvmlDeviceGetUtilizationRates", h)
+    memory = q("nvmlDeviceGetMemoryInfo", h, NVML_MEMORY_V2) or q("nvmlDeviceGetMemoryInfo", h)
+    reserved = getattr(memory, "reserved", None) if memory is not None else None
+    power = q("nvmlDeviceGetPowerUsage", h)
+    power_limit = q("nvmlDeviceGetEnforcedPowerLimit", h)
+    energy = q("nvmlDeviceGetTotalEnergyConsumption", h)
+    temp = q("nvmlDeviceGetTemperature", h, NVML_TEMPERATURE_GPU)
+
+    clocks: dict[str, float] = {}
+    clocks_max: dict[str, float] = {}
+    for name, clock_type in CLOCKS:
+        current = q("nvmlDeviceGetClockInfo", h, clock_type)
+        if current is not None:
+            clocks[name] = current * MHZ
+        peak = q("nvmlDeviceGetMaxClockInfo", h, clock_type)
+        if peak is not None:
+            clocks_max[name] = peak * MHZ
+
+    reasons_mask = q("nvmlDeviceGetCurrentClocksEventReasons", h)
+    if reasons_mask is None:
+        reasons_mask = q("nvmlDeviceGetCurrentClocksThrottleReasons", h)
+    throttle = (
+        {name: bool(reasons_mask & bit) for bit, name in THROTTLE_REASONS}
+        if reasons_mask is not None
+        else {}
+    )
+
+    link_gen = _present(
+        current=q("nvmlDeviceGetCurrPcieLinkGeneration", h),
+        max=q("nvmlDeviceGetMaxPcieLinkGeneration", h),
+    )
+    link_width = _present(
+        current=q("nvmlDeviceGetCurrPcieLinkWidth", h),
+        max=q("nvmlDeviceGetMaxPcieLinkWidth", h),
+    )
+
+    ecc = _present(
+        corrected=q(
+            "nvmlDeviceGetTotalEccErrors", h, NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_VOLATILE_ECC
+        ),
+        uncorrected=q(
+            "nvmlDeviceGetTotalEccErrors", h, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC
+        ),
+    )
+    remap = q("nvmlDeviceGetRemappedRows", h)
+
+    batch = _read_fields(nvml, device)
+    nvlinks = batch.nvlinks
+    nvlink_tx = _sum_present(link.transmit_bytes for link in nvlinks)
+    nvlink_rx = _sum_present(link.receive_bytes for link in nvlinks)
+
+    temperatures = {"gpu": float(temp)} if temp is not None else {}
+    if batch.memory_temperature is not None:
+        temperatures["memory"] = float(batch.memory_temperature)
+
+    pcie_tx: float | None = batch.pcie_tx_bytes
+    pcie_rx: float | None = batch.pcie_rx_bytes
+    if pcie_tx is None:
+        pcie_tx = integrals.pcie_transmit_bytes
+    if pcie_rx is None:
+        pcie_rx = integrals.pcie_receive_bytes
+
+    energy_joules = energy / 1000.0 if energy is not None else integrals.energy_joules
+
+    return GpuReading(
+        identity=device.identity,
+        up=True,
+        mig_mode=mig_mode,
+        utilization_ratio=util.gpu / 100.0 if util is not None else None,
+        memory_utilization_ratio=util.memory / 100.0 if util is not None else None,
+        busy_seconds=integrals.busy_seconds,
+        last_active_timestamp=integrals.last_active_timestamp,
+        memory_used_bytes=int(memory.used) if memory is not None else None,
+        memory_total_bytes=int(memory.total) if memory is not None else None,
+        memory_reserved_bytes=int(reserved) if reserved is not None else None,
+        power_watts=power / 1000.0 if power is not None else None,
+        power_limit_watts=power_limit / 1000.0 if power_limit is not None else None,
+        energy_joules=energy_joules,
+        temperatures_celsius=temperatures,
+        clocks_hertz=clocks,
+        clocks_max_hertz=clocks_max,
+        throttle_reasons=throttle,
+        pcie_transmit_bytes=pcie_tx,
+        pcie_receive_bytes=pcie_rx,
+        pcie_replay_errors=q("nvmlDeviceGetPcieReplayCounter", h),
+        pcie_link_generation=link_gen,
+        pcie_link_width=link_width,
+        nvlink_transmit_bytes=nvlink_tx,
+        nvlink_receive_bytes=nvlink_rx,
+        nvlinks=nvlinks,
+        ecc_errors=ecc,
+        remapped_rows=(
+            {"correctable": int(remap[0]), "uncorrectable": int(remap[1])}
+            if remap is not None
+            else {}
+        ),
+        row_remap_pending=bool(remap[2]) if remap is not None else None,
+        row_remap_failure=bool(remap[3]) if remap is not None else None,
+        xid_errors=dict(xid_errors),
+        mig_instances=_read_mig(nvml, h) if mig_mode == "enabled" else (),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _FieldBatch:
+    memory_temperature: float | None
+    pcie_tx_bytes: int | None
+    pcie_rx_bytes: int | None
+    nvlinks: tuple[NvLink, ...]
+
+
+def _read_fields(nvml: Nvml, device: Device) -> _FieldBatch:
+    """All field values of one device in one nvmlDeviceGetFieldValues call."""
+    if device.nvlink_count is None:
+        (count,) = nvml.field_values(device.handle, [(fields.NVLINK_LINK_COUNT, 0)])
+        device.nvlink_count = int(count) if count is not None else 0
+    request = fields.device_fields(device.nvlink_count)
+    values = nvml.field_values(device.handle, request.ids)
+    got = dict(zip(request.keys, values, strict=True))
+
+    links: list[NvLink] = []
+    for link in range(device.nvlink_count):
+        state = got.get(("nvlink_state", link))
+        tx_kib = got.get(("nvlink_tx", link))
+        rx_kib = got.get(("nvlink_rx", link))
+        errors = {
+            kind: int(v)
+            for kind in fields.NVLINK_ERROR_KINDS
+            if (v := got.get((f"nvlink_{kind}", link))) is not None
+        }
+        if state is None and tx_kib is None and rx_kib is None and not errors:
+            continue
+        links.append(
+            NvLink(
+                link=link,
+                up=bool(state) if state is not None else None,
+                transmit_bytes=int(tx_kib) * 1024 if tx_kib is not None else None,
+                receive_bytes=int(rx_kib) * 1024 if rx_kib is not None else None,
+                errors=errors,
+            )
+        )
+    tx = got.get(("pcie_tx", 0))
+    rx = got.get(("pcie_rx", 0))
+    mem_temp = got.get(("memory_temp", 0))
+    return _FieldBatch(
+        memory_temperature=float(mem_temp) if mem_temp is not None else None,
+        pcie_tx_bytes=int(tx) if tx is not None else None,
+        pcie_rx_bytes=int(rx) if rx is not None else None,
+        nvlinks=tuple(links),
+    )
+
+
+def _read_mig(nvml: Nvml, handle: Any) -> tuple[MigInstance, ...]:
+    count = nvml.query("nvmlDeviceGetMaxMigDeviceCount", handle) or 0
+    instances: list[MigInstance] = []
+    for i in range(int(count)):
+        mig = nvml.query("nvmlDeviceGetMigDeviceHandleByIndex", handle, i)
+        if mig is None:
+            continue
+        uuid = nvml.query("nvmlDeviceGetUUID", mig)
+        if uuid is None:
+            continue
+        name = text(nvml.query("nvmlDeviceGetName", mig) or "")
+        memory = nvml.query("nvmlDeviceGetMemoryInfo", mig)
+        gi = nvml.query("nvmlDeviceGetGpuInstanceId", mig)
+        ci = nvml.query("nvmlDeviceGetComputeInstanceId", mig)
+        instances.append(
+            MigInstance(
+                mig_uuid=text(uuid),
+                profile=mig_profile(name),
+                gpu_instance=int(gi) if gi is not None else -1,
+                compute_instance=int(ci) if ci is not None else -1,
+                memory_used_bytes=int(memory.used) if memory is not None else None,
+                memory_total_bytes=int(memory.total) if memory is not None else None,
+            )
+        )
+    return tuple(instances)
+
+
+def mig_profile(name: str) -> str:
+    """`NVIDIA A100-SXM4-80GB MIG 3g.40gb` -> `3g.40gb` (the name nvidia-smi -L shows)."""
+    _, sep, profile = name.rpartition("MIG ")
+    return profile.strip() if sep else ""
+
+
+def _present(**values: Any) -> dict[str, int]:
+    return {k: int(v) for k, v in values.items() if v is not None}
+
+
+def _sum_present(values: Any) -> int | None:
+    total: int | None = None
+    for v in values:
+        if v is not None:
+            total = (total or 0) + int(v)
+    return total

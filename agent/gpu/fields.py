@@ -1,0 +1,56 @@
+"""NVML field ids gpuscope reads, and the one batched request per device built from them.
+
+Field ids are from nvml.h (NVML_FI_DEV_*). NVLink fields are scoped by link index, which is
+how NVML exposes links beyond the twelve that have per-lane field ids (H100 has 18).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+MEMORY_TEMP = 82
+NVLINK_LINK_COUNT = 91
+PCIE_COUNT_TX_BYTES = 197
+PCIE_COUNT_RX_BYTES = 198
+NVLINK_THROUGHPUT_DATA_TX = 138  # KiB, cumulative, scope = link
+NVLINK_THROUGHPUT_DATA_RX = 139
+NVLINK_ERROR_DL_REPLAY = 161
+NVLINK_ERROR_DL_RECOVERY = 162
+NVLINK_ERROR_DL_CRC = 163  # flit CRC
+NVLINK_GET_STATE = 165
+
+# NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_L<n>: only links 0-11 have one.
+_CRC_DATA_PER_LINK = (39, 40, 41, 42, 43, 44, 102, 103, 104, 105, 106, 107)
+
+NVLINK_ERROR_KINDS = ("crc_flit", "crc_data", "replay", "recovery")
+
+Key = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class FieldRequest:
+    keys: tuple[Key, ...]
+    ids: tuple[tuple[int, int], ...]  # (field id, scope id) in the same order as keys
+
+
+@lru_cache(maxsize=32)
+def device_fields(nvlink_count: int) -> FieldRequest:
+    """The fields read from a device with `nvlink_count` links, built once per link count."""
+    pairs: list[tuple[Key, tuple[int, int]]] = [
+        (("memory_temp", 0), (MEMORY_TEMP, 0)),
+        (("pcie_tx", 0), (PCIE_COUNT_TX_BYTES, 0)),
+        (("pcie_rx", 0), (PCIE_COUNT_RX_BYTES, 0)),
+    ]
+    for link in range(nvlink_count):
+        pairs += [
+            (("nvlink_state", link), (NVLINK_GET_STATE, link)),
+            (("nvlink_tx", link), (NVLINK_THROUGHPUT_DATA_TX, link)),
+            (("nvlink_rx", link), (NVLINK_THROUGHPUT_DATA_RX, link)),
+            (("nvlink_crc_flit", link), (NVLINK_ERROR_DL_CRC, link)),
+            (("nvlink_replay", link), (NVLINK_ERROR_DL_REPLAY, link)),
+            (("nvlink_recovery", link), (NVLINK_ERROR_DL_RECOVERY, link)),
+        ]
+        if link < len(_CRC_DATA_PER_LINK):
+            pairs.append((("nvlink_crc_data", link), (_CRC_DATA_PER_LINK[link], 0)))
+    return FieldRequest(keys=tuple(k for k, _ in pairs), ids=tuple(i for _, i in pairs))

@@ -1,0 +1,208 @@
+"""A session with the NVML library, and the one place NVML errors are translated.
+
+Every NVML call the agent makes goes through `Nvml.query` or `Nvml.call`, so the error
+policy lives here and nowhere else:
+
+* NOT_SUPPORTED / FUNCTION_NOT_FOUND: the device or driver lacks the feature. Quiet, the
+  value is `None` and its series is omitted (never exported as 0).
+* GPU_IS_LOST / RESET_REQUIRED: the GPU fell off the bus (XID 79) or needs a reset.
+  Raised as `GpuLost` so the caller marks that GPU down and moves on to the next one.
+* Anything else: counted per (function, error) for `scripts/gpu-check`, logged once, and
+  the value is `None`.
+
+`pynvml` is imported lazily so that a host without the bindings or the driver still runs
+every other source.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from agent.sources import SourceUnavailable
+
+log = logging.getLogger("gpuscope.gpu.nvml")
+
+# Return codes from nvml.h; duplicated here so translating errors needs no pynvml import.
+NOT_SUPPORTED = 3
+NO_PERMISSION = 4
+NOT_FOUND = 6
+DRIVER_NOT_LOADED = 9
+TIMEOUT = 10
+LIBRARY_NOT_FOUND = 12
+FUNCTION_NOT_FOUND = 13
+GPU_IS_LOST = 15
+RESET_REQUIRED = 16
+LIB_RM_VERSION_MISMATCH = 18
+
+_QUIET = frozenset({NOT_SUPPORTED, FUNCTION_NOT_FOUND})
+_LOST = frozenset({GPU_IS_LOST, RESET_REQUIRED})
+
+
+class GpuLost(Exception):
+    """The GPU stopped answering; everything else on the node keeps working."""
+
+
+class NvmlCallError(Exception):
+    def __init__(self, function: str, code: int, message: str) -> None:
+        super().__init__(f"{function}: {message}")
+        self.function = function
+        self.code = code
+
+
+def text(value: object) -> str:
+    """NVML strings arrive as bytes or str depending on the pynvml version."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace").rstrip("\x00")
+    return str(value)
+
+
+class Nvml:
+    """An initialized NVML session. Thread-safe: NVML itself is, and our bookkeeping is locked."""
+
+    def __init__(self) -> None:
+        self._lib: Any = None
+        self._lock = threading.Lock()
+        self.errors: Counter[tuple[str, str]] = Counter()
+        self.calls = 0
+
+    @property
+    def lib(self) -> Any:
+        if self._lib is None:
+            raise SourceUnavailable("NVML is not initialized")
+        return self._lib
+
+    def init(self) -> None:
+        try:
+            import pynvml
+        except ImportError as exc:  # pragma: no cover - a packaging error, not a host state
+            raise SourceUnavailable(f"the pynvml bindings are not installed ({exc})") from exc
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            raise SourceUnavailable(_init_failure(exc.value, str(exc))) from exc
+        self._lib = pynvml
+
+    def shutdown(self) -> None:
+        if self._lib is None:
+            return
+        lib, self._lib = self._lib, None
+        try:
+            lib.nvmlShutdown()
+        except lib.NVMLError as exc:
+            log.debug("nvmlShutdown: %s", exc)
+
+    def call(self, function: str, *args: Any, expected: frozenset[int] = frozenset()) -> Any:
+        """Call an NVML function that must work; any failure raises.
+
+        Codes in `expected` (a wait's TIMEOUT, say) raise `NvmlCallError` without being
+        counted as errors.
+        """
+        lib = self.lib
+        self.calls += 1
+        try:
+            return getattr(lib, function)(*args)
+        except lib.NVMLError as exc:
+            if exc.value in _LOST:
+                raise GpuLost(f"{function}: {exc}") from exc
+            if exc.value not in expected:
+                self._record(function, exc.value, str(exc))
+            raise NvmlCallError(function, exc.value, str(exc)) from exc
+
+    def query(self, function: str, *args: Any, absent: frozenset[int] = frozenset()) -> Any | None:
+        """Call an NVML function whose value is optional: `None` when unsupported or failing.
+
+        Codes in `absent` also mean "no value" without being errors (NOT_FOUND from
+        nvmlDeviceGetSamples when no new sample exists yet, say).
+        """
+        lib = self.lib
+        self.calls += 1
+        try:
+            return getattr(lib, function)(*args)
+        except lib.NVMLError as exc:
+            if exc.value in _QUIET or exc.value in absent:
+                return None
+            if exc.value in _LOST:
+                raise GpuLost(f"{function}: {exc}") from exc
+            self._record(function, exc.value, str(exc))
+            return None
+
+    def supports(self, function: str, *args: Any) -> bool:
+        """True unless the call answers NOT_SUPPORTED / FUNCTION_NOT_FOUND."""
+        lib = self.lib
+        try:
+            getattr(lib, function)(*args)
+        except lib.NVMLError as exc:
+            return exc.value not in _QUIET
+        return True
+
+    def field_values(
+        self, handle: Any, fields: Sequence[tuple[int, int]]
+    ) -> list[int | float | None]:
+        """One batched nvmlDeviceGetFieldValues call; per-field failures become `None`."""
+        if not fields:
+            return []
+        values = self.query("nvmlDeviceGetFieldValues", handle, list(fields))
+        if values is None:
+            return [None] * len(fields)
+        out: list[int | float | None] = []
+        for (field_id, _scope), v in zip(fields, values, strict=True):
+            ret = int(v.nvmlReturn)
+            if ret == 0:
+                out.append(_field_value(v))
+                continue
+            if ret in _LOST:
+                raise GpuLost(f"nvmlDeviceGetFieldValues: field {field_id}: error {ret}")
+            if ret not in _QUIET:
+                self._record(f"nvmlDeviceGetFieldValues[{field_id}]", ret, f"error {ret}")
+            out.append(None)
+        return out
+
+    def _record(self, function: str, code: int, message: str) -> None:
+        key = (function, message)
+        with self._lock:
+            first = key not in self.errors
+            self.errors[key] += 1
+        if first:
+            log.warning("NVML call %s failed: %s (code %d)", function, message, code)
+
+
+_UNION_MEMBERS = {
+    0: "dVal",
+    1: "uiVal",
+    2: "ulVal",
+    3: "ullVal",
+    4: "sllVal",
+    5: "siVal",
+    6: "usVal",
+}
+
+
+def union_value(value_type: int, union: Any) -> int | float:
+    """An nvmlValue_t union read by its NVML_VALUE_TYPE_* tag."""
+    kind = int(value_type)
+    member = _UNION_MEMBERS.get(kind, "ullVal")
+    value = getattr(union, member)
+    return float(value) if kind == 0 else int(value)
+
+
+def _field_value(v: Any) -> int | float:
+    return union_value(v.valueType, v.value)
+
+
+def _init_failure(code: int, message: str) -> str:
+    if code == LIBRARY_NOT_FOUND:
+        return (
+            "NVML library libnvidia-ml.so.1 not found: no NVIDIA driver on this host, "
+            "or the driver libraries are not mounted into the container"
+        )
+    if code == DRIVER_NOT_LOADED:
+        return "NVIDIA driver is not loaded (nvmlInit: driver not loaded)"
+    if code == NO_PERMISSION:
+        return "no permission to open the NVIDIA device files (/dev/nvidia*)"
+    if code == LIB_RM_VERSION_MISMATCH:
+        return "NVML library and kernel driver versions differ; reboot or reload the driver"
+    return f"nvmlInit failed: {message}"

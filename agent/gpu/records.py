@@ -1,0 +1,103 @@
+"""Immutable records the GPU source produces.
+
+Values are already in base units (bytes, watts, hertz, joules, seconds, ratios 0-1), so
+exporters never convert. `None` means "the device does not support this": exporters omit
+the series instead of exporting a misleading 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class GpuIdentity:
+    """What a GPU is. Read once at discovery; it does not change while the driver is loaded."""
+
+    index: int
+    uuid: str
+    model: str
+    pci_bus_id: str
+    serial: str
+    architecture: str
+    compute_capability: str
+    numa_node: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class MigInstance:
+    mig_uuid: str
+    profile: str
+    gpu_instance: int
+    compute_instance: int
+    memory_used_bytes: int | None
+    memory_total_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class NvLink:
+    link: int
+    up: bool | None
+    transmit_bytes: int | None
+    receive_bytes: int | None
+    errors: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuIntegrals:
+    """Values that only exist as integrals over time; kept by the sampler between scrapes."""
+
+    busy_seconds: float | None = None
+    last_active_timestamp: float | None = None
+    pcie_transmit_bytes: float | None = None
+    pcie_receive_bytes: float | None = None
+    energy_joules: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    """One GPU at one collection. Only `identity` and `up` are always present."""
+
+    identity: GpuIdentity
+    up: bool
+    mig_mode: str | None = None
+    utilization_ratio: float | None = None
+    memory_utilization_ratio: float | None = None
+    busy_seconds: float | None = None
+    last_active_timestamp: float | None = None
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    memory_reserved_bytes: int | None = None
+    power_watts: float | None = None
+    power_limit_watts: float | None = None
+    energy_joules: float | None = None
+    temperatures_celsius: Mapping[str, float] = field(default_factory=dict)
+    clocks_hertz: Mapping[str, float] = field(default_factory=dict)
+    clocks_max_hertz: Mapping[str, float] = field(default_factory=dict)
+    throttle_reasons: Mapping[str, bool] = field(default_factory=dict)
+    pcie_transmit_bytes: float | None = None
+    pcie_receive_bytes: float | None = None
+    pcie_replay_errors: int | None = None
+    pcie_link_generation: Mapping[str, int] = field(default_factory=dict)
+    pcie_link_width: Mapping[str, int] = field(default_factory=dict)
+    nvlink_transmit_bytes: int | None = None
+    nvlink_receive_bytes: int | None = None
+    nvlinks: tuple[NvLink, ...] = ()
+    ecc_errors: Mapping[str, int] = field(default_factory=dict)
+    remapped_rows: Mapping[str, int] = field(default_factory=dict)
+    row_remap_pending: bool | None = None
+    row_remap_failure: bool | None = None
+    xid_errors: Mapping[int, int] = field(default_factory=dict)
+    mig_instances: tuple[MigInstance, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSnapshot:
+    """Every GPU on the node plus the driver facts that apply to all of them."""
+
+    driver_version: str
+    cuda_driver_version: str
+    nvml_version: str
+    gpus: tuple[GpuReading, ...]
+    nvlink_per_link: bool = False

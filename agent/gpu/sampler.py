@@ -1,0 +1,291 @@
+"""The GPU sampler: the part of the GPU source that needs continuity between scrapes.
+
+A Prometheus gauge of "utilization now" tells you nothing about the 14 seconds between two
+scrapes; `rate()` over a counter of busy seconds tells you the exact average over any
+window. So a background thread integrates utilization into `busy_seconds` (and, where the
+device has no hardware counter, PCIe bytes and energy), and remembers when each GPU was
+last active. Everything else is read at scrape time, where it is freshest and costs nothing
+between scrapes.
+
+Utilization comes from `nvmlDeviceGetSamples`: NVML's own ring buffer of utilization
+samples (one per 1/6 s to 1 s, depending on the product), each the busy share of the period
+that ends at its timestamp. Integrating those samples is exact whatever the tick length,
+and a stalled tick loses nothing as long as the ring buffer (about 20 s) has not wrapped.
+Devices without samples fall back to `nvmlDeviceGetUtilizationRates` once per tick.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from types import MappingProxyType
+
+from agent.clock import Clock
+from agent.gpu import fields
+from agent.gpu.device import Device
+from agent.gpu.nvml import NOT_FOUND, GpuLost, Nvml, union_value
+from agent.gpu.records import GpuIntegrals
+
+log = logging.getLogger("gpuscope.gpu.sampler")
+
+NVML_GPU_UTILIZATION_SAMPLES = 1
+NVML_PCIE_UTIL_TX_BYTES = 0
+NVML_PCIE_UTIL_RX_BYTES = 1
+KIB = 1024
+
+
+class UtilizationIntegrator:
+    """Integrates utilization into busy seconds and tracks the last active moment.
+
+    Pure arithmetic, no NVML: it is fed either NVML samples (`add_samples`) or one rate per
+    tick (`add_rate`), so its behaviour can be tested on literal numbers.
+    """
+
+    def __init__(self, idle_threshold: float) -> None:
+        self.idle_threshold = idle_threshold
+        self.busy_seconds = 0.0
+        self.last_active: float | None = None
+        self._last_sample_us: int | None = None
+        self._last_rate_at: float | None = None
+
+    @property
+    def last_sample_us(self) -> int:
+        return self._last_sample_us or 0
+
+    def add_samples(self, samples: Iterable[tuple[int, float]]) -> None:
+        """Add (timestamp µs, percent) samples; each covers the time since the one before.
+
+        The first sample ever seen only sets the starting point: history from before the
+        agent started is not counted, so the counter starts at zero.
+        """
+        for ts, percent in sorted(samples):
+            previous = self._last_sample_us
+            if previous is not None and ts <= previous:
+                continue
+            self._last_sample_us = ts
+            ratio = percent / 100.0
+            if ratio > self.idle_threshold:
+                self.last_active = ts / 1e6
+            if previous is not None:
+                self.busy_seconds += ratio * (ts - previous) / 1e6
+
+    def add_rate(self, monotonic: float, wall: float, percent: float) -> None:
+        """Add one utilization reading, held since the previous one.
+
+        Durations come from the monotonic clock (an NTP step must not create or erase busy
+        time); the last-active moment is a wall-clock timestamp.
+        """
+        ratio = percent / 100.0
+        if self._last_rate_at is not None and monotonic > self._last_rate_at:
+            self.busy_seconds += ratio * (monotonic - self._last_rate_at)
+        self._last_rate_at = monotonic
+        if ratio > self.idle_threshold:
+            self.last_active = wall
+
+
+class RateIntegrator:
+    """Integrates a rate read once per tick (bytes/s, watts) into a running total."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self._last_at: float | None = None
+
+    def add(self, monotonic: float, rate: float) -> None:
+        if self._last_at is not None and monotonic > self._last_at:
+            self.total += rate * (monotonic - self._last_at)
+        self._last_at = monotonic
+
+
+class UtilMode(Enum):
+    SAMPLES = "samples"
+    RATES = "rates"
+    UNSUPPORTED = "unsupported"
+
+
+@dataclass
+class _GpuState:
+    util: UtilizationIntegrator
+    util_mode: UtilMode | None = None
+    pcie_tx: RateIntegrator | None = None  # only where the device has no PCIe byte counters
+    pcie_rx: RateIntegrator | None = None
+    energy: RateIntegrator | None = None  # only where the device has no energy counter
+    probed: bool = False
+
+
+class Sampler:
+    """Ticks every `interval` seconds on its own thread; `integrals()` is safe from any thread."""
+
+    def __init__(
+        self,
+        nvml: Nvml,
+        devices: Sequence[Device],
+        clock: Clock,
+        *,
+        interval: float = 1.0,
+        idle_threshold: float = 0.0,
+    ) -> None:
+        self._nvml = nvml
+        self._devices = list(devices)
+        self._clock = clock
+        self.interval = interval
+        self._idle_threshold = idle_threshold
+        self._states: dict[str, _GpuState] = {}
+        self._published: Mapping[str, GpuIntegrals] = MappingProxyType({})
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._tick_lock = threading.Lock()
+        self.ticks = 0
+
+    def set_devices(self, devices: Sequence[Device]) -> None:
+        with self._tick_lock:
+            self._devices = list(devices)
+
+    def integrals(self) -> Mapping[str, GpuIntegrals]:
+        """The latest published integrals by GPU UUID (an immutable, atomically swapped map)."""
+        return self._published
+
+    def start(self) -> None:
+        self.tick()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="gpu-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def _run(self) -> None:
+        next_at = self._clock.monotonic() + self.interval
+        while not self._stop.wait(max(0.0, next_at - self._clock.monotonic())):
+            self.tick()
+            next_at += self.interval
+            now = self._clock.monotonic()
+            if next_at < now:  # fell behind (suspended, overloaded): do not burst to catch up
+                next_at = now + self.interval
+
+    def tick(self) -> None:
+        """Sample every GPU once and publish new integrals."""
+        with self._tick_lock:
+            now = self._clock.monotonic()
+            wall = self._clock.time()
+            published: dict[str, GpuIntegrals] = {}
+            for device in self._devices:
+                uuid = device.identity.uuid
+                state = self._states.get(uuid)
+                if state is None:
+                    state = self._states[uuid] = _GpuState(
+                        util=UtilizationIntegrator(self._idle_threshold)
+                    )
+                try:
+                    self._sample(device, state, now, wall)
+                except GpuLost:
+                    pass  # the scrape reports it; integrals keep their last values
+                except Exception:
+                    log.exception("sampling GPU %d failed", device.identity.index)
+                published[uuid] = _integrals(state)
+            self._published = MappingProxyType(published)
+            self.ticks += 1
+
+    def _sample(self, device: Device, state: _GpuState, now: float, wall: float) -> None:
+        nvml, h = self._nvml, device.handle
+        if not state.probed:
+            self._probe(device, state)
+            state.probed = True
+
+        if state.util_mode is UtilMode.SAMPLES:
+            got = nvml.query(
+                "nvmlDeviceGetSamples",
+                h,
+                NVML_GPU_UTILIZATION_SAMPLES,
+                state.util.last_sample_us,
+                absent=frozenset({NOT_FOUND}),
+            )
+            if got is not None:
+                value_type, samples = got
+                state.util.add_samples(
+                    (int(s.timeStamp), float(union_value(value_type, s.sampleValue)))
+                    for s in samples
+                )
+        elif state.util_mode is UtilMode.RATES:
+            rates = nvml.query("nvmlDeviceGetUtilizationRates", h)
+            if rates is not None:
+                state.util.add_rate(now, wall, float(rates.gpu))
+
+        if state.pcie_tx is not None and state.pcie_rx is not None:
+            tx = nvml.query("nvmlDeviceGetPcieThroughput", h, NVML_PCIE_UTIL_TX_BYTES)
+            rx = nvml.query("nvmlDeviceGetPcieThroughput", h, NVML_PCIE_UTIL_RX_BYTES)
+            if tx is not None:
+                state.pcie_tx.add(now, float(tx) * KIB)
+            if rx is not None:
+                state.pcie_rx.add(now, float(rx) * KIB)
+
+        if state.energy is not None:
+            milliwatts = nvml.query("nvmlDeviceGetPowerUsage", h)
+            if milliwatts is not None:
+                state.energy.add(now, float(milliwatts) / 1000.0)
+
+    def _probe(self, device: Device, state: _GpuState) -> None:
+        """Decide once per GPU which readings need integrating here."""
+        nvml, h = self._nvml, device.handle
+        first = nvml.query(
+            "nvmlDeviceGetSamples",
+            h,
+            NVML_GPU_UTILIZATION_SAMPLES,
+            0,
+            absent=frozenset({NOT_FOUND}),
+        )
+        if first is not None or nvml.supports(
+            "nvmlDeviceGetSamples", h, NVML_GPU_UTILIZATION_SAMPLES, 0
+        ):
+            state.util_mode = UtilMode.SAMPLES
+            if first is not None:
+                value_type, samples = first
+                newest = max(samples, key=lambda s: int(s.timeStamp), default=None)
+                if newest is not None:  # start from now: history before the agent is not ours
+                    state.util.add_samples(
+                        [
+                            (
+                                int(newest.timeStamp),
+                                float(union_value(value_type, newest.sampleValue)),
+                            )
+                        ]
+                    )
+        elif nvml.supports("nvmlDeviceGetUtilizationRates", h):
+            state.util_mode = UtilMode.RATES
+        else:
+            state.util_mode = UtilMode.UNSUPPORTED  # MIG-enabled GPUs, for one
+
+        tx, rx = nvml.field_values(
+            h, [(fields.PCIE_COUNT_TX_BYTES, 0), (fields.PCIE_COUNT_RX_BYTES, 0)]
+        )
+        if (tx is None or rx is None) and nvml.supports(
+            "nvmlDeviceGetPcieThroughput", h, NVML_PCIE_UTIL_TX_BYTES
+        ):
+            state.pcie_tx, state.pcie_rx = RateIntegrator(), RateIntegrator()
+        if not nvml.supports("nvmlDeviceGetTotalEnergyConsumption", h) and nvml.supports(
+            "nvmlDeviceGetPowerUsage", h
+        ):
+            state.energy = RateIntegrator()
+        log.debug(
+            "GPU %d: utilization from %s, PCIe bytes %s, energy %s",
+            device.identity.index,
+            state.util_mode.value,
+            "integrated" if state.pcie_tx else "from counters",
+            "integrated" if state.energy else "from counter",
+        )
+
+
+def _integrals(state: _GpuState) -> GpuIntegrals:
+    supported = state.util_mode in (UtilMode.SAMPLES, UtilMode.RATES)
+    return GpuIntegrals(
+        busy_seconds=state.util.busy_seconds if supported else None,
+        last_active_timestamp=state.util.last_active if supported else None,
+        pcie_transmit_bytes=state.pcie_tx.total if state.pcie_tx else None,
+        pcie_receive_bytes=state.pcie_rx.total if state.pcie_rx else None,
+        energy_joules=state.energy.total if state.energy else None,
+    )

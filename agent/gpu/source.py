@@ -1,0 +1,146 @@
+"""The GPU source: NVML devices -> `GpuSnapshot` records.
+
+Lifecycle: `start` initializes NVML, discovers the GPUs and starts the sampler and XID
+threads; `collect` (on every scrape) reads each GPU's current state and merges in what the
+threads accumulated. One lost GPU yields `up=False` for that GPU alone.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.clock import Clock, SystemClock
+from agent.gpu import device as dev
+from agent.gpu.nvml import GpuLost, Nvml, NvmlCallError, text
+from agent.gpu.records import GpuIdentity, GpuIntegrals, GpuReading, GpuSnapshot
+from agent.gpu.sampler import Sampler
+from agent.gpu.xid import XidWatcher
+
+log = logging.getLogger("gpuscope.gpu")
+
+
+@dataclass(frozen=True, slots=True)
+class GpuConfig:
+    sample_interval: float = 1.0
+    idle_threshold: float = 0.0
+    nvlink_per_link: bool = False
+    sysfs: Path = Path("/sys")
+    background: bool = True  # False: tests drive `sampler.tick()` themselves
+
+
+class GpuSource:
+    name = "gpu"
+
+    def __init__(
+        self, config: GpuConfig | None = None, clock: Clock | None = None, nvml: Nvml | None = None
+    ) -> None:
+        self.config = config or GpuConfig()
+        self.clock = clock or SystemClock()
+        self.nvml = nvml or Nvml()
+        self.devices: list[dev.Device] = []
+        self._undiscovered: list[int] = []
+        self.sampler: Sampler | None = None
+        self.xid: XidWatcher | None = None
+        self.driver_version = ""
+        self.cuda_driver_version = ""
+        self.nvml_version = ""
+
+    def start(self) -> None:
+        self.nvml.init()
+        try:
+            self._discover()
+        except Exception:
+            self.nvml.shutdown()
+            raise
+        self.sampler = Sampler(
+            self.nvml,
+            self.devices,
+            self.clock,
+            interval=self.config.sample_interval,
+            idle_threshold=self.config.idle_threshold,
+        )
+        self.xid = XidWatcher(self.nvml, self.devices)
+        if self.config.background:
+            self.sampler.start()
+        else:
+            self.sampler.tick()
+        self.xid.start()
+        log.info(
+            "NVML %s, driver %s: %d GPU(s)%s",
+            self.nvml_version,
+            self.driver_version,
+            len(self.devices),
+            f", {len(self._undiscovered)} not answering" if self._undiscovered else "",
+        )
+
+    def _discover(self) -> None:
+        nvml = self.nvml
+        self.driver_version = text(nvml.query("nvmlSystemGetDriverVersion") or "")
+        self.nvml_version = text(nvml.query("nvmlSystemGetNVMLVersion") or "")
+        cuda = nvml.query("nvmlSystemGetCudaDriverVersion")
+        self.cuda_driver_version = f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda else ""
+        count = int(nvml.call("nvmlDeviceGetCount"))
+        self.devices = []
+        self._undiscovered = []
+        for index in range(count):
+            self._discover_one(index)
+
+    def _discover_one(self, index: int) -> bool:
+        try:
+            found = dev.discover(self.nvml, index, self.config.sysfs)
+        except (GpuLost, NvmlCallError) as exc:
+            if index not in self._undiscovered:
+                log.warning("GPU %d does not answer: %s", index, exc)
+                self._undiscovered.append(index)
+            return False
+        self.devices.append(found)
+        self.devices.sort(key=lambda d: d.identity.index)
+        if index in self._undiscovered:
+            self._undiscovered.remove(index)
+        return True
+
+    def collect(self) -> GpuSnapshot:
+        found = [self._discover_one(i) for i in list(self._undiscovered)]
+        if any(found) and self.sampler is not None:
+            self.sampler.set_devices(self.devices)
+        integrals = self.sampler.integrals() if self.sampler is not None else {}
+        empty = GpuIntegrals()
+        readings: list[GpuReading] = []
+        for device in self.devices:
+            uuid = device.identity.uuid
+            xids = self.xid.counts(uuid) if self.xid is not None else {}
+            readings.append(dev.read(self.nvml, device, integrals.get(uuid, empty), xids))
+        for index in self._undiscovered:
+            readings.append(GpuReading(identity=_unknown(index), up=False))
+        readings.sort(key=lambda r: r.identity.index)
+        return GpuSnapshot(
+            driver_version=self.driver_version,
+            cuda_driver_version=self.cuda_driver_version,
+            nvml_version=self.nvml_version,
+            gpus=tuple(readings),
+            nvlink_per_link=self.config.nvlink_per_link,
+        )
+
+    def stop(self) -> None:
+        if self.xid is not None:
+            self.xid.stop()
+            self.xid = None
+        if self.sampler is not None:
+            self.sampler.stop()
+            self.sampler = None
+        self.nvml.shutdown()
+
+
+def _unknown(index: int) -> GpuIdentity:
+    return GpuIdentity(
+        index=index,
+        uuid="",
+        model="",
+        pci_bus_id="",
+        serial="",
+        architecture="unknown",
+        compute_capability="",
+        numa_node=None,
+    )

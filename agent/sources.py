@@ -1,0 +1,151 @@
+"""The source contract and the runner that isolates sources from each other.
+
+A source reads one part of the world (NVML, the kernel, the kubelet) into immutable records.
+The runner calls every enabled source on each collection, times it, and turns any failure
+into a `SourceResult` with `success=False`, so one broken source never fails a scrape or
+takes the agent down. Errors are logged once per change of state, not once per scrape:
+a node with no GPU driver should say so once, not every 15 seconds forever.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+log = logging.getLogger("gpuscope.sources")
+
+R_co = TypeVar("R_co", covariant=True)
+R = TypeVar("R")
+
+
+class SourceUnavailable(Exception):
+    """The thing a source reads is absent or unusable (no driver, no permission).
+
+    Raised with a message a node operator can act on; the runner logs it verbatim.
+    """
+
+
+class Source(Protocol[R_co]):
+    """One reader of the world. `collect` returns immutable records or raises."""
+
+    name: str
+
+    def start(self) -> None:
+        """Acquire long-lived resources and start background threads. May raise."""
+        ...
+
+    def collect(self) -> R_co:
+        """Read the current state. Called from scrape threads, serialized by the runner."""
+        ...
+
+    def stop(self) -> None:
+        """Release resources; must be safe to call after a failed or missing start."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class SourceResult(Generic[R]):
+    name: str
+    records: R | None
+    success: bool
+    duration_seconds: float
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Collection:
+    """What every enabled source returned on one collection, in a stable order."""
+
+    results: Mapping[str, SourceResult[object]]
+    collected_at: float
+
+    def records(self, name: str) -> object | None:
+        result = self.results.get(name)
+        return result.records if result is not None else None
+
+
+class SourceRunner:
+    """Starts, collects from and stops a fixed set of sources, isolating their failures."""
+
+    def __init__(self, sources: Iterable[Source[object]]) -> None:
+        self._sources = list(sources)
+        self._lock = threading.Lock()
+        self._started: set[str] = set()
+        self._last_error: dict[str, str | None] = {}
+
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self._sources]
+
+    def start(self) -> None:
+        """Start every source; a source that fails to start is retried on each collection."""
+        for source in self._sources:
+            self._try_start(source)
+
+    def _try_start(self, source: Source[object]) -> str | None:
+        if source.name in self._started:
+            return None
+        try:
+            source.start()
+        except Exception as exc:  # noqa: BLE001 - any failure must stay inside the source
+            return _describe(exc)
+        self._started.add(source.name)
+        return None
+
+    def collect(self) -> Collection:
+        """Collect from every source. Concurrent callers are serialized (NVML is not free)."""
+        with self._lock:
+            results: dict[str, SourceResult[object]] = {}
+            for source in self._sources:
+                results[source.name] = self._collect_one(source)
+            return Collection(results=results, collected_at=time.time())
+
+    def _collect_one(self, source: Source[object]) -> SourceResult[object]:
+        began = time.perf_counter()
+        error = self._try_start(source)
+        records: object | None = None
+        if error is None:
+            try:
+                records = source.collect()
+            except Exception as exc:  # noqa: BLE001
+                error = _describe(exc)
+        duration = time.perf_counter() - began
+        self._log_transition(source.name, error)
+        return SourceResult(
+            name=source.name,
+            records=records,
+            success=error is None,
+            duration_seconds=duration,
+            error=error,
+        )
+
+    def _log_transition(self, name: str, error: str | None) -> None:
+        previous = self._last_error.get(name, None)
+        first = name not in self._last_error
+        self._last_error[name] = error
+        if error is not None and error != previous:
+            log.error("collector %s failed: %s", name, error, extra={"collector": name})
+        elif error is None and previous is not None:
+            log.info("collector %s recovered", name, extra={"collector": name})
+        elif error is None and first:
+            log.debug("collector %s ok", name, extra={"collector": name})
+
+    def stop(self) -> None:
+        for source in reversed(self._sources):
+            try:
+                source.stop()
+            except Exception as exc:  # noqa: BLE001
+                log.warning("collector %s did not stop cleanly: %s", source.name, _describe(exc))
+        self._started.clear()
+
+
+def _describe(exc: BaseException) -> str:
+    """One line, no traceback: what the operator needs to read in a log."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if isinstance(exc, SourceUnavailable):
+        return text or "unavailable"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -1,0 +1,349 @@
+"""Every metric gpuscope exports: the public contract, in one place.
+
+The exporter refuses to emit a metric that is not declared here or with labels other than
+those declared, and `docs/metrics.md` is generated from this table (a test fails when the
+two drift), so the documentation cannot lie about the output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Kind = Literal["gauge", "counter"]
+
+GPU = ("gpu", "uuid")
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    name: str
+    kind: Kind
+    help: str
+    labels: tuple[str, ...]
+    source: str
+    note: str = ""  # when the series is present, for the docs
+
+    @property
+    def family_name(self) -> str:
+        """prometheus_client wants counter families named without `_total`."""
+        if self.kind == "counter":
+            return self.name.removesuffix("_total")
+        return self.name
+
+
+METRICS: tuple[MetricSpec, ...] = (
+    # --- the agent itself -------------------------------------------------------------------
+    MetricSpec(
+        "gpuscope_build_info",
+        "gauge",
+        "Always 1; labels identify the agent build and the NVIDIA driver it talks to.",
+        ("version", "python_version", "nvml_version", "driver_version"),
+        "agent",
+        "Always. Driver labels are empty when NVML is unavailable.",
+    ),
+    MetricSpec(
+        "gpuscope_collector_success",
+        "gauge",
+        "1 if the collector's last collection succeeded, 0 if it failed or its source is absent.",
+        ("collector",),
+        "agent",
+        "Every enabled collector, on every scrape.",
+    ),
+    MetricSpec(
+        "gpuscope_collector_duration_seconds",
+        "gauge",
+        "Time the collector's last collection took.",
+        ("collector",),
+        "agent",
+        "Every enabled collector, on every scrape.",
+    ),
+    # --- GPU identity and health ------------------------------------------------------------
+    MetricSpec(
+        "gpuscope_gpu_info",
+        "gauge",
+        "Always 1; labels describe the GPU. Join on uuid for model, bus id, NUMA node, driver.",
+        (
+            "gpu",
+            "uuid",
+            "model",
+            "pci_bus_id",
+            "serial",
+            "architecture",
+            "compute_capability",
+            "numa_node",
+            "driver_version",
+            "cuda_driver_version",
+            "mig_mode",
+        ),
+        "gpu",
+        "Every GPU, up or not. `mig_mode` is empty where MIG is not supported.",
+    ),
+    MetricSpec(
+        "gpuscope_gpu_up",
+        "gauge",
+        "1 if the GPU answers NVML, 0 if it is lost (fell off the bus, XID 79) or needs a reset.",
+        GPU,
+        "gpu",
+        "Every GPU.",
+    ),
+    MetricSpec(
+        "gpuscope_gpu_utilization_ratio",
+        "gauge",
+        "Share of the last NVML sample period in which a kernel ran on the GPU (0-1).",
+        GPU,
+        "gpu",
+        "Not on MIG-enabled GPUs (NVML does not report it there).",
+    ),
+    MetricSpec(
+        "gpuscope_gpu_memory_utilization_ratio",
+        "gauge",
+        "Share of the last NVML sample period in which device memory was read or written (0-1).",
+        GPU,
+        "gpu",
+        "Not on MIG-enabled GPUs.",
+    ),
+    MetricSpec(
+        "gpuscope_gpu_busy_seconds_total",
+        "counter",
+        "Integral of GPU utilization over time: rate() of it is the true average utilization "
+        "over any window, whatever the scrape interval.",
+        GPU,
+        "gpu",
+        "Starts at 0 when the agent starts. Not on MIG-enabled GPUs.",
+    ),
+    MetricSpec(
+        "gpuscope_gpu_last_active_timestamp_seconds",
+        "gauge",
+        "Unix time of the last utilization sample above --idle-threshold.",
+        GPU,
+        "gpu",
+        "After the GPU's first activity seen by this agent.",
+    ),
+    # --- memory -----------------------------------------------------------------------------
+    MetricSpec(
+        "gpuscope_gpu_memory_used_bytes",
+        "gauge",
+        "Device memory allocated by processes and the driver.",
+        GPU,
+        "gpu",
+    ),
+    MetricSpec("gpuscope_gpu_memory_total_bytes", "gauge", "Device memory size.", GPU, "gpu"),
+    MetricSpec(
+        "gpuscope_gpu_memory_reserved_bytes",
+        "gauge",
+        "Device memory reserved by the driver and firmware (not usable by processes).",
+        GPU,
+        "gpu",
+        "Drivers with nvmlDeviceGetMemoryInfo_v2.",
+    ),
+    # --- power and thermals -----------------------------------------------------------------
+    MetricSpec("gpuscope_gpu_power_watts", "gauge", "Current board power draw.", GPU, "gpu"),
+    MetricSpec(
+        "gpuscope_gpu_power_limit_watts",
+        "gauge",
+        "Power limit the driver enforces now.",
+        GPU,
+        "gpu",
+    ),
+    MetricSpec(
+        "gpuscope_gpu_energy_joules_total",
+        "counter",
+        "Energy used since the driver was loaded (hardware counter), or since the agent started "
+        "where the GPU has none (integrated from power samples).",
+        GPU,
+        "gpu",
+    ),
+    MetricSpec(
+        "gpuscope_gpu_temperature_celsius",
+        "gauge",
+        "Temperature by sensor (gpu = core, memory = HBM).",
+        (*GPU, "sensor"),
+        "gpu",
+        'sensor="memory" only where the GPU reports it (HBM parts).',
+    ),
+    MetricSpec(
+        "gpuscope_gpu_clock_hertz",
+        "gauge",
+        "Current clock frequency by clock domain (graphics, sm, memory).",
+        (*GPU, "clock"),
+        "gpu",
+    ),
+    MetricSpec(
+        "gpuscope_gpu_clock_max_hertz",
+        "gauge",
+        "Maximum clock frequency by clock domain.",
+        (*GPU, "clock"),
+        "gpu",
+    ),
+    MetricSpec(
+        "gpuscope_gpu_throttle_reasons",
+        "gauge",
+        "1 if the reason currently holds clocks down (nvmlDeviceGetCurrentClocksEventReasons).",
+        (*GPU, "reason"),
+        "gpu",
+        "Every known reason, 0 or 1: idle, applications_clocks, sw_power_cap, hw_slowdown, "
+        "sync_boost, sw_thermal, hw_thermal, hw_power_brake, display_clocks.",
+    ),
+    # --- PCIe -------------------------------------------------------------------------------
+    MetricSpec(
+        "gpuscope_gpu_pcie_transmit_bytes_total",
+        "counter",
+        "Bytes the GPU sent over PCIe: the hardware counter where present, else integrated by "
+        "the sampler from nvmlDeviceGetPcieThroughput (an estimate).",
+        GPU,
+        "gpu",
+    ),
+    MetricSpec(
+        "gpuscope_gpu_pcie_receive_bytes_total",
+        "counter",
+        "Bytes the GPU received over PCIe (same sources as transmit).",
+        GPU,
+        "gpu",
+    ),
+    MetricSpec(
+        "gpuscope_gpu_pcie_replay_errors_total",
+        "counter",
+        "PCIe replays (link-level retransmissions); a rising count means a marginal link.",
+        GPU,
+        "gpu",
+    ),
+    MetricSpec(
+        "gpuscope_gpu_pcie_link_generation",
+        "gauge",
+        "PCIe generation, current and the maximum for this GPU in this system. GPUs lower the "
+        "current generation when idle to save power.",
+        (*GPU, "state"),
+        "gpu",
+    ),
+    MetricSpec(
+        "gpuscope_gpu_pcie_link_width",
+        "gauge",
+        "PCIe lanes, current and maximum.",
+        (*GPU, "state"),
+        "gpu",
+    ),
+    # --- NVLink -----------------------------------------------------------------------------
+    MetricSpec(
+        "gpuscope_gpu_nvlink_transmit_bytes_total",
+        "counter",
+        "Data bytes sent over all NVLinks of the GPU (payload, without protocol overhead).",
+        GPU,
+        "gpu",
+        "GPUs with NVLink.",
+    ),
+    MetricSpec(
+        "gpuscope_gpu_nvlink_receive_bytes_total",
+        "counter",
+        "Data bytes received over all NVLinks of the GPU.",
+        GPU,
+        "gpu",
+        "GPUs with NVLink.",
+    ),
+    MetricSpec(
+        "gpuscope_gpu_nvlink_up",
+        "gauge",
+        "1 if the NVLink is active.",
+        (*GPU, "link"),
+        "gpu",
+        "GPUs with NVLink, one series per link.",
+    ),
+    MetricSpec(
+        "gpuscope_gpu_nvlink_errors_total",
+        "counter",
+        "NVLink errors by link and type (crc_flit, crc_data, replay, recovery).",
+        (*GPU, "link", "type"),
+        "gpu",
+        "GPUs with NVLink. crc_data only on links 0-11 (NVML has no field for higher links).",
+    ),
+    MetricSpec(
+        "gpuscope_gpu_nvlink_link_transmit_bytes_total",
+        "counter",
+        "Data bytes sent over one NVLink.",
+        (*GPU, "link"),
+        "gpu",
+        "Only with --nvlink-per-link (18 series per H100).",
+    ),
+    MetricSpec(
+        "gpuscope_gpu_nvlink_link_receive_bytes_total",
+        "counter",
+        "Data bytes received over one NVLink.",
+        (*GPU, "link"),
+        "gpu",
+        "Only with --nvlink-per-link.",
+    ),
+    # --- errors -----------------------------------------------------------------------------
+    MetricSpec(
+        "gpuscope_gpu_xid_errors_total",
+        "counter",
+        "XID errors reported by the driver, counted one by one from NVML's event stream "
+        "(none lost between scrapes).",
+        (*GPU, "xid"),
+        "gpu",
+        "After the first XID of that number since the agent started.",
+    ),
+    MetricSpec(
+        "gpuscope_gpu_ecc_errors_total",
+        "counter",
+        "Volatile ECC errors (since the last driver load) by type (corrected, uncorrected).",
+        (*GPU, "type"),
+        "gpu",
+        "GPUs with ECC enabled.",
+    ),
+    MetricSpec(
+        "gpuscope_gpu_remapped_rows_total",
+        "counter",
+        "Memory rows remapped after errors, by type (correctable, uncorrectable).",
+        (*GPU, "type"),
+        "gpu",
+        "GPUs with row remapping (A100, H100 and later).",
+    ),
+    MetricSpec(
+        "gpuscope_gpu_row_remap_pending",
+        "gauge",
+        "1 if a row remap is pending: the GPU needs a reset to apply it.",
+        GPU,
+        "gpu",
+        "GPUs with row remapping.",
+    ),
+    MetricSpec(
+        "gpuscope_gpu_row_remap_failure",
+        "gauge",
+        "1 if a row remap failed: the GPU should be serviced.",
+        GPU,
+        "gpu",
+        "GPUs with row remapping.",
+    ),
+    # --- MIG --------------------------------------------------------------------------------
+    MetricSpec(
+        "gpuscope_mig_info",
+        "gauge",
+        "Always 1; one series per MIG device, linking it to its parent GPU.",
+        ("gpu", "uuid", "mig_uuid", "profile", "gpu_instance", "compute_instance"),
+        "gpu",
+        "GPUs in MIG mode.",
+    ),
+    MetricSpec(
+        "gpuscope_mig_memory_used_bytes",
+        "gauge",
+        "Memory used in the MIG device.",
+        ("mig_uuid",),
+        "gpu",
+        "GPUs in MIG mode.",
+    ),
+    MetricSpec(
+        "gpuscope_mig_memory_total_bytes",
+        "gauge",
+        "Memory size of the MIG device.",
+        ("mig_uuid",),
+        "gpu",
+        "GPUs in MIG mode.",
+    ),
+)
+
+BY_NAME: dict[str, MetricSpec] = {m.name: m for m in METRICS}
+ORDER: dict[str, int] = {m.name: i for i, m in enumerate(METRICS)}
+
+
+def spec(name: str) -> MetricSpec:
+    return BY_NAME[name]

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs the Debian packages gpuscope's build, tests and demo need.
+# Idempotent: when every package is already installed it does not touch apt at all.
+set -euo pipefail
+
+packages=(
+  build-essential   # cc for the fake NVML library
+  python3-venv      # the project's virtual environment
+  python3-dev
+  prometheus        # promtool (golden files are linted) and a real Prometheus server for e2e tests
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]} == 0)); then
+  exit 0
+fi
+if [[ $(id -u) -ne 0 ]]; then
+  echo "install-deps: need root to install: ${missing[*]}" >&2
+  exit 1
+fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# Debian starts the prometheus service on install; gpuscope's tests start their own on loopback.
+if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet prometheus 2>/dev/null; then
+  systemctl stop prometheus || true
+fi

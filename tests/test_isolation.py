@@ -1,0 +1,98 @@
+"""One failing source never fails the scrape; its failure is visible and logged once."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from prometheus_client import generate_latest
+
+from agent.app import Agent
+from agent.config import parse
+from agent.sources import SourceUnavailable
+from tests.promtext import Exposition
+
+
+class Flaky:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.error: Exception | None = None
+        self.started = 0
+
+    def start(self) -> None:
+        self.started += 1
+
+    def collect(self) -> object:
+        if self.error is not None:
+            raise self.error
+        return object()
+
+    def stop(self) -> None:
+        pass
+
+
+class NeverStarts(Flaky):
+    def start(self) -> None:
+        self.started += 1
+        raise SourceUnavailable("no tracefs mounted at /sys/kernel/tracing")
+
+
+def scrape(agent: Agent) -> Exposition:
+    return Exposition(generate_latest(agent.registry).decode())
+
+
+def make(*sources: Flaky) -> Agent:
+    agent = Agent(parse(["--listen", ":0"], env={}), sources=list(sources))
+    agent.start()
+    return agent
+
+
+def test_failing_source_reports_zero_and_others_keep_working(caplog) -> None:
+    good, bad = Flaky("good"), NeverStarts("bad")
+    agent = make(good, bad)
+    with caplog.at_level(logging.INFO, logger="gpuscope.sources"):
+        for _ in range(5):
+            m = scrape(agent)
+            assert m.value("gpuscope_collector_success", collector="good") == 1
+            assert m.value("gpuscope_collector_success", collector="bad") == 0
+            assert m.value("gpuscope_collector_duration_seconds", collector="bad") >= 0
+    # Retried each collection (the host may gain the feature), logged only on change.
+    assert bad.started >= 5
+    errors = [r for r in caplog.records if "collector bad failed" in r.getMessage()]
+    assert len(errors) <= 1  # the first one was logged during start(), before caplog
+
+
+def test_errors_are_logged_once_per_change_of_state(caplog) -> None:
+    flaky = Flaky("flaky")
+    agent = make(flaky)
+    with caplog.at_level(logging.INFO, logger="gpuscope.sources"):
+        flaky.error = RuntimeError("device busy")
+        for _ in range(3):
+            scrape(agent)
+        flaky.error = RuntimeError("device gone")
+        scrape(agent)
+        flaky.error = None
+        scrape(agent)
+        scrape(agent)
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages == [
+        "collector flaky failed: RuntimeError: device busy",
+        "collector flaky failed: RuntimeError: device gone",
+        "collector flaky recovered",
+    ]
+
+
+def test_a_renderer_bug_fails_only_its_collector(monkeypatch: pytest.MonkeyPatch) -> None:
+    import exporters.prometheus.collector as collector
+
+    def broken(records: object, out: object) -> None:
+        raise KeyError("oops")
+
+    monkeypatch.setitem(collector.RENDERERS, "gpu", broken)  # type: ignore[arg-type]
+    gpu, other = Flaky("gpu"), Flaky("other")
+    agent = Agent(parse(["--listen", ":0"], env={}), sources=[gpu, other])
+    agent.start()
+    m = scrape(agent)
+    assert m.value("gpuscope_collector_success", collector="gpu") == 0
+    assert m.value("gpuscope_collector_success", collector="other") == 1
+    assert m.get("gpuscope_build_info") == 1

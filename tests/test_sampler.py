@@ -1,0 +1,89 @@
+"""The sampler turns utilization into busy seconds: rate() of the counter must be the true
+average utilization over any window, whatever the tick or scrape interval."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.gpu.sampler import RateIntegrator, UtilizationIntegrator
+
+# A training-like pattern: compute bursts, an all-reduce stall, a data-loading gap.
+PATTERN = [(7.0, 90.0, 40.0), (5.0, 0.0, 0.0), (11.0, 35.0, 10.0), (3.0, 100.0, 80.0)]
+
+
+@pytest.mark.parametrize("step", [1.0, 0.4, 2.5, 15.0])
+def test_busy_seconds_match_true_integral_over_60_seconds(inprocess, step: float) -> None:
+    h = inprocess("dgx-h100")
+    start = h.fake.now
+    h.fake.set_utilization_pattern(0, PATTERN)
+    h.advance(60, step=step)
+
+    busy = h.scrape().value("gpuscope_gpu_busy_seconds_total", gpu="0")
+    truth = h.fake.true_busy_seconds(0, start, h.fake.now)
+
+    assert truth > 20  # the pattern is far from idle: a 1% bound means something
+    assert busy == pytest.approx(truth, rel=0.01)
+
+
+def test_idle_gpu_accumulates_nothing_and_keeps_no_last_active(inprocess) -> None:
+    h = inprocess("dgx-h100")
+    h.fake.set_utilization(1, 0)
+    h.advance(30)
+    metrics = h.scrape()
+    assert metrics.value("gpuscope_gpu_busy_seconds_total", gpu="1") == 0
+    assert metrics.get("gpuscope_gpu_last_active_timestamp_seconds", gpu="1") is None
+
+
+def test_last_active_is_the_last_busy_sample_not_the_scrape(inprocess) -> None:
+    h = inprocess("dgx-h100")
+    h.fake.set_utilization_pattern(2, [(10.0, 50.0, 10.0), (50.0, 0.0, 0.0)], repeat=False)
+    busy_until = h.fake.now + 10
+    h.advance(40)
+    last = h.scrape().value("gpuscope_gpu_last_active_timestamp_seconds", gpu="2")
+    assert busy_until - 0.5 <= last <= busy_until
+
+
+def test_idle_threshold_ignores_light_background_load(inprocess) -> None:
+    h = inprocess("dgx-h100", "--idle-threshold", "0.05")
+    h.fake.set_utilization(3, 3)  # a monitoring probe, not a training job
+    h.advance(10)
+    assert h.scrape().get("gpuscope_gpu_last_active_timestamp_seconds", gpu="3") is None
+    h.fake.set_utilization(3, 60)
+    h.advance(2)
+    assert h.scrape().value("gpuscope_gpu_last_active_timestamp_seconds", gpu="3") > 0
+
+
+# --- the integrator on literal numbers ---------------------------------------------------
+
+
+def test_first_sample_only_sets_the_starting_point() -> None:
+    i = UtilizationIntegrator(idle_threshold=0.0)
+    i.add_samples([(10_000_000, 100.0)])
+    assert i.busy_seconds == 0
+    i.add_samples([(11_000_000, 50.0), (12_000_000, 100.0)])
+    assert i.busy_seconds == pytest.approx(1.5)
+
+
+def test_repeated_and_out_of_order_samples_count_once() -> None:
+    i = UtilizationIntegrator(idle_threshold=0.0)
+    i.add_samples([(1_000_000, 0.0), (2_000_000, 100.0)])
+    i.add_samples([(2_000_000, 100.0), (1_500_000, 100.0), (3_000_000, 20.0)])
+    assert i.busy_seconds == pytest.approx(1.2)
+    assert i.last_active == pytest.approx(3.0)
+
+
+def test_rates_are_held_from_the_previous_tick() -> None:
+    i = UtilizationIntegrator(idle_threshold=0.1)
+    i.add_rate(100.0, 5000.0, 50.0)
+    i.add_rate(102.0, 5002.0, 50.0)
+    i.add_rate(103.0, 5003.0, 5.0)
+    assert i.busy_seconds == pytest.approx(1.0 + 0.05)
+    assert i.last_active == 5002.0  # wall time, not the monotonic clock
+
+
+def test_rate_integrator_counts_only_elapsed_time() -> None:
+    r = RateIntegrator()
+    r.add(10.0, 100.0)  # first reading: nothing elapsed yet
+    r.add(10.0, 100.0)
+    r.add(12.5, 40.0)
+    assert r.total == pytest.approx(100.0)
