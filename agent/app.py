@@ -57,7 +57,8 @@ class Agent:
         )
         self.runner = SourceRunner(self.sources)
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(GpuscopeCollector(self.runner.collect))
+        self.collector = GpuscopeCollector(self.runner.collect)
+        self.registry.register(self.collector)
         self._ready = threading.Event()
 
     @property

@@ -33,7 +33,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     # should fail fast, not after NVML and BPF have been set up.
     try:
         server = MetricsServer(
-            (config.listen_host, config.listen_port), agent.registry, lambda: agent.ready
+            (config.listen_host, config.listen_port),
+            agent.registry,
+            agent.collector.render_text,
+            lambda: agent.ready,
         )
     except OSError as exc:
         where = f"{config.listen_host or '*'}:{config.listen_port}"

@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from prometheus_client.exposition import choose_encoder
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, choose_encoder
 from prometheus_client.registry import CollectorRegistry
 
 log = logging.getLogger("gpuscope.server")
@@ -20,9 +20,14 @@ class MetricsServer(ThreadingHTTPServer):
     allow_reuse_address = True
 
     def __init__(
-        self, address: tuple[str, int], registry: CollectorRegistry, ready: Callable[[], bool]
+        self,
+        address: tuple[str, int],
+        registry: CollectorRegistry,
+        render_text: Callable[[], bytes],
+        ready: Callable[[], bool],
     ) -> None:
         self.registry = registry
+        self.render_text = render_text
         self.is_ready = ready
         super().__init__(address, _Handler)
         self._thread: threading.Thread | None = None
@@ -63,9 +68,14 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, b"not found\n")
 
     def _metrics(self) -> None:
-        encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+        accept = self.headers.get("Accept", "")
         try:
-            body = encoder(self.server.registry)
+            if "application/openmetrics-text" in accept:
+                encoder, content_type = choose_encoder(accept)
+                body = encoder(self.server.registry)
+            else:
+                content_type = CONTENT_TYPE_LATEST
+                body = self.server.render_text()
         except Exception:
             log.exception("rendering /metrics failed")
             self._send(500, b"internal error rendering metrics\n")

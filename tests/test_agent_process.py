@@ -32,7 +32,7 @@ def test_serves_a_fake_h100_node_and_counts_busy_time(agent_process, fake_lib, t
     # The same families as the golden file (values differ: this one runs on real time).
     golden = set(re.findall(r"^# TYPE (\S+)", (GOLDEN / "dgx-h100.prom").read_text(), re.M))
     live = set(re.findall(r"^# TYPE (\S+)", agent.get("/metrics")[1], re.M))
-    assert golden - live <= {"gpuscope_gpu_xid_errors"}  # the golden script injects an XID
+    assert golden - live <= {"gpuscope_gpu_xid_errors_total"}  # the golden injects an XID
     assert live <= golden
 
     assert agent.stop() == 0

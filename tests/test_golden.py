@@ -70,3 +70,24 @@ def test_golden_passes_promtool(profile: str) -> None:
     assert result.returncode == 0 and not (result.stdout + result.stderr).strip(), (
         result.stdout + result.stderr
     )
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_fast_text_renderer_writes_exactly_what_prometheus_client_writes(
+    inprocess, profile: str
+) -> None:
+    from prometheus_client import generate_latest
+
+    h = inprocess(profile)
+    h.fake.set_utilization(0, 42)
+    h.advance(3)
+    families = h.agent.collector.families()
+    # Adversarial label values: escaping must match too.
+    families.add("gpuscope_collector_success", ('we"ird\\name\nwith newline',), 1)
+    families.add("gpuscope_collector_duration_seconds", ("big",), 123456789.5)
+
+    class Fixed:
+        def collect(self):
+            return families.metrics()
+
+    assert families.render_text() == generate_latest(Fixed())  # type: ignore[arg-type]

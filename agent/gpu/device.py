@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.gpu import fields
-from agent.gpu.nvml import GpuLost, Nvml, text
+from agent.gpu.nvml import NOT_FOUND, GpuLost, Nvml, text
 from agent.gpu.records import GpuIdentity, GpuIntegrals, GpuReading, MigInstance, NvLink
 
 log = logging.getLogger("gpuscope.gpu")
@@ -295,7 +295,9 @@ def _read_mig(nvml: Nvml, handle: Any) -> tuple[MigInstance, ...]:
     count = nvml.query("nvmlDeviceGetMaxMigDeviceCount", handle) or 0
     instances: list[MigInstance] = []
     for i in range(int(count)):
-        mig = nvml.query("nvmlDeviceGetMigDeviceHandleByIndex", handle, i)
+        mig = nvml.query(  # empty slots answer NOT_FOUND
+            "nvmlDeviceGetMigDeviceHandleByIndex", handle, i, absent=frozenset({NOT_FOUND})
+        )
         if mig is None:
             continue
         uuid = nvml.query("nvmlDeviceGetUUID", mig)

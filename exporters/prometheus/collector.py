@@ -43,6 +43,13 @@ class GpuscopeCollector(Collector):
         return []  # nothing to describe up front; keeps registration from collecting
 
     def collect(self) -> Iterator[Metric]:
+        yield from self.families().metrics()
+
+    def render_text(self) -> bytes:
+        """The text exposition of a fresh collection (the fast path for /metrics)."""
+        return self.families().render_text()
+
+    def families(self) -> Families:
         collection = self._collect()
         out = Families()
         out.add("gpuscope_build_info", _build_labels(collection), 1)
@@ -52,7 +59,7 @@ class GpuscopeCollector(Collector):
                 ok = self._render(name, result.records, out)
             out.add("gpuscope_collector_success", (name,), 1 if ok else 0)
             out.add("gpuscope_collector_duration_seconds", (name,), result.duration_seconds)
-        yield from out
+        return out
 
     def _render(self, name: str, records: object, out: Families) -> bool:
         batch = Families()
