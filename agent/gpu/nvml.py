@@ -67,7 +67,6 @@ class Nvml:
         self._lib: Any = None
         self._lock = threading.Lock()
         self.errors: Counter[tuple[str, str]] = Counter()
-        self.calls = 0
 
     @property
     def lib(self) -> Any:
@@ -102,7 +101,6 @@ class Nvml:
         counted as errors.
         """
         lib = self.lib
-        self.calls += 1
         try:
             return getattr(lib, function)(*args)
         except lib.NVMLError as exc:
@@ -119,7 +117,6 @@ class Nvml:
         nvmlDeviceGetSamples when no new sample exists yet, say).
         """
         lib = self.lib
-        self.calls += 1
         try:
             return getattr(lib, function)(*args)
         except lib.NVMLError as exc:
