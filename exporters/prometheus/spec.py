@@ -1,0 +1,27 @@
+"""The shape of one metric declaration (see catalog.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Kind = Literal["gauge", "counter"]
+
+GPU = ("gpu", "uuid")
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    name: str
+    kind: Kind
+    help: str
+    labels: tuple[str, ...]
+    source: str
+    note: str = ""  # when the series is present, for the docs
+
+    @property
+    def family_name(self) -> str:
+        """prometheus_client wants counter families named without `_total`."""
+        if self.kind == "counter":
+            return self.name.removesuffix("_total")
+        return self.name
