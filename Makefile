@@ -11,7 +11,7 @@ CC           ?= cc
 CFLAGS_FAKE  := -std=c11 -O2 -g -fPIC -Wall -Wextra -Wpedantic -Wshadow -Wconversion -Werror
 PYTEST_ARGS  ?=
 
-.PHONY: all deps venv fakenvml demo test lint typecheck unit bench golden-update clean
+.PHONY: all deps venv fakenvml kernel demo test lint typecheck unit bench golden-update clean
 
 all: venv fakenvml
 
@@ -27,6 +27,8 @@ $(VENV)/.stamp: pyproject.toml requirements-dev.txt $(BUILD)/.deps-stamp
 	@test -x $(PY) || $(PYTHON_SYS) -m venv $(VENV)
 	@$(PY) -m pip install -q --disable-pip-version-check -r requirements-dev.txt
 	@$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@# bcc's bindings come from Debian's python3-bpfcc, not PyPI: link the package in.
+	@ln -sfn /usr/lib/python3/dist-packages/bcc "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/bcc"
 	@touch $@
 
 ## The fake NVML library that tests and the demo put in front of the real pynvml bindings.
@@ -34,6 +36,10 @@ fakenvml: $(FAKENVML_LIB)
 $(FAKENVML_LIB): tests/fakenvml/fakenvml.c $(BUILD)/.deps-stamp
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_FAKE) -shared -Wl,-soname,libnvidia-ml.so.1 -o $@ $< -lm -lpthread
+
+## Kernel side of the eBPF tests: tracefs mounted, header trees under build/kernel-headers.
+kernel: deps
+	@bash scripts/setup-kernel.sh $(BUILD)/kernel-headers
 
 demo: venv fakenvml
 	@$(PY) scripts/demo.py $(DEMO_ARGS)
@@ -45,7 +51,7 @@ lint: venv
 typecheck: venv
 	$(VENV)/bin/mypy
 
-unit: venv fakenvml
+unit: venv fakenvml kernel
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test: lint typecheck unit

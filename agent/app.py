@@ -36,6 +36,29 @@ def build_sources(config: Config, clock: Clock, *, background: bool = True) -> l
                     clock=clock,
                 )
             )
+        elif name == "net":
+            # Imported here: the network source is the only one that needs bcc.
+            from agent.net.bpf_program import MapLimits
+            from agent.net.source import NetConfig, NetSource
+
+            sources.append(
+                NetSource(
+                    NetConfig(
+                        sysfs=config.sysfs,
+                        procfs=config.procfs,
+                        cgroup_root=config.cgroup_root,
+                        per_container=config.net_per_container,
+                        prune_grace=config.net_prune_grace,
+                        traffic_mode=config.net_traffic_mode,
+                        limits=MapLimits(
+                            cgroups=config.bpf_max_cgroups, sockets=config.bpf_max_sockets
+                        ),
+                        modules_dir=config.kernel_modules,
+                        fallback_headers=config.kernel_headers,
+                    ),
+                    clock=clock,
+                )
+            )
     return sources
 
 

@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-AVAILABLE_COLLECTORS = ("gpu",)
-DEFAULT_COLLECTORS = ("gpu",)
+AVAILABLE_COLLECTORS = ("gpu", "net")
+DEFAULT_COLLECTORS = AVAILABLE_COLLECTORS
 
 
 class ConfigError(ValueError):
@@ -34,6 +34,14 @@ class Config:
     sysfs: Path
     idle_threshold: float
     nvlink_per_link: bool
+    cgroup_root: Path | None
+    net_per_container: bool
+    net_prune_grace: float
+    net_traffic_mode: str
+    bpf_max_cgroups: int
+    bpf_max_sockets: int
+    kernel_modules: Path
+    kernel_headers: Path
 
 
 def _env_name(flag: str) -> str:
@@ -71,6 +79,28 @@ def build_parser() -> argparse.ArgumentParser:
         "also export NVLink throughput per link (true/false, default false)",
         nargs="?",
         const="true",
+    )
+    add(
+        "--cgroup-root",
+        "the host's cgroup v2 mount (default: <sysfs>/fs/cgroup, or its unified/ on hybrid hosts)",
+    )
+    add(
+        "--net-per-container",
+        "network series per container, not only per pod (true/false, default false)",
+        nargs="?",
+        const="true",
+    )
+    add("--net-prune-grace", "seconds before a vanished cgroup's series go (default 60)")
+    add(
+        "--net-traffic-mode",
+        "auto, tracepoint or cgroup_skb (default auto: tracepoints where the kernel has them)",
+    )
+    add("--bpf-max-cgroups", "cgroups the BPF maps can hold (default 8192)")
+    add("--bpf-max-sockets", "TCP sockets the BPF socket map can hold (default 262144)")
+    add("--kernel-modules", "where the host's /lib/modules is (default /lib/modules)")
+    add(
+        "--kernel-headers",
+        "fallback kernel header tree for bcc (default /usr/src/gpuscope-kernel-headers)",
     )
     p.add_argument("--version", action="version", version="%(prog)s " + _version())
     return p
@@ -110,6 +140,15 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
             f"--idle-threshold: expected a ratio from 0 to below 1, got {threshold:g}"
         )
     node = value("--node-name", env.get("NODE_NAME", "")) or socket.gethostname()
+    grace = _number("--net-prune-grace", value("--net-prune-grace", "60"))
+    if grace < 0:
+        raise ConfigError(f"--net-prune-grace: expected seconds >= 0, got {grace:g}")
+    traffic_mode = value("--net-traffic-mode", "auto").lower()
+    if traffic_mode not in ("auto", "tracepoint", "cgroup_skb"):
+        raise ConfigError(
+            f"--net-traffic-mode: expected auto, tracepoint or cgroup_skb, got {traffic_mode!r}"
+        )
+    cgroup_root = value("--cgroup-root", "")
     return Config(
         listen_host=host,
         listen_port=port,
@@ -122,6 +161,14 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
         sysfs=Path(value("--sysfs", "/sys")),
         idle_threshold=threshold,
         nvlink_per_link=_boolean("--nvlink-per-link", value("--nvlink-per-link", "false")),
+        cgroup_root=Path(cgroup_root) if cgroup_root else None,
+        net_per_container=_boolean("--net-per-container", value("--net-per-container", "false")),
+        net_prune_grace=grace,
+        net_traffic_mode=traffic_mode,
+        bpf_max_cgroups=_count("--bpf-max-cgroups", value("--bpf-max-cgroups", "8192")),
+        bpf_max_sockets=_count("--bpf-max-sockets", value("--bpf-max-sockets", "262144")),
+        kernel_modules=Path(value("--kernel-modules", "/lib/modules")),
+        kernel_headers=Path(value("--kernel-headers", "/usr/src/gpuscope-kernel-headers")),
     )
 
 
@@ -155,6 +202,16 @@ def _number(flag: str, text: str) -> float:
         return float(text)
     except ValueError:
         raise ConfigError(f"{flag}: expected a number, got {text!r}") from None
+
+
+def _count(flag: str, text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise ConfigError(f"{flag}: expected a whole number, got {text!r}") from None
+    if n < 1:
+        raise ConfigError(f"{flag}: expected at least 1, got {n}")
+    return n
 
 
 def _boolean(flag: str, text: str) -> bool:

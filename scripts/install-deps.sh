@@ -8,6 +8,12 @@ packages=(
   python3-venv      # the project's virtual environment
   python3-dev
   prometheus        # promtool (golden files are linted) and a real Prometheus server for e2e tests
+  python3-bpfcc     # bcc: the eBPF network probes (pure Python over libbcc)
+  linux-headers-amd64  # a kernel header tree for bcc (the running kernel may have none)
+  iperf3            # traffic for the network tests and benchmarks
+  nftables          # packet loss between test network namespaces (no netem here)
+  iproute2          # network namespaces and veth pairs
+  libcap2-bin       # capsh: least-privilege tests
 )
 
 missing=()

@@ -77,7 +77,7 @@ def inprocess(fake_lib: Path, tmp_path: Path) -> Iterator[Callable[..., InProces
             setup(fake)
         fake.activate()
         clock = ManualClock(T0)
-        config = parse(["--listen", "127.0.0.1:0", *args], env={})
+        config = parse(["--listen", "127.0.0.1:0", "--collectors", "gpu", *args], env={})
         agent = Agent(config, clock=clock, background=False)
         handle = InProcess(fake=fake, clock=clock, agent=agent)
         agent.start()

@@ -28,7 +28,8 @@ def test_docs_match_catalog() -> None:
 def exported_names() -> set[str]:
     names: set[str] = set()
     for path in GOLDEN.glob("*.prom"):
-        names |= set(re.findall(r"^# TYPE (\S+) (?:gauge|counter)", path.read_text(), re.M))
+        text = path.read_text()
+        names |= set(re.findall(r"^# TYPE (\S+) (?:gauge|counter|histogram)", text, re.M))
     return names
 
 
@@ -61,5 +62,7 @@ def test_names_follow_the_unit_conventions() -> None:
                 "_pending",
                 "_failure",
                 "_success",
+                "_active",
+                "_entries",
             )
         ), f"{m.name}: no base unit and not a state/info metric"

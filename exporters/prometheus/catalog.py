@@ -9,6 +9,7 @@ metrics in its own `catalog_<collector>.py`; this module assembles them in expor
 from __future__ import annotations
 
 from exporters.prometheus.catalog_gpu import GPU_METRICS
+from exporters.prometheus.catalog_net import NET_METRICS
 from exporters.prometheus.spec import MetricSpec
 
 __all__ = ["BY_NAME", "METRICS", "ORDER", "MetricSpec", "spec"]
@@ -41,7 +42,7 @@ AGENT_METRICS: tuple[MetricSpec, ...] = (
     ),
 )
 
-METRICS: tuple[MetricSpec, ...] = (*AGENT_METRICS, *GPU_METRICS)
+METRICS: tuple[MetricSpec, ...] = (*AGENT_METRICS, *GPU_METRICS, *NET_METRICS)
 
 BY_NAME: dict[str, MetricSpec] = {m.name: m for m in METRICS}
 ORDER: dict[str, int] = {m.name: i for i, m in enumerate(METRICS)}

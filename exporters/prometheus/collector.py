@@ -21,12 +21,13 @@ from agent.gpu.records import GpuSnapshot
 from agent.sources import Collection
 from exporters.prometheus.families import Families
 from exporters.prometheus.gpu import render_gpu
+from exporters.prometheus.net import render_net
 
 log = logging.getLogger("gpuscope.exporter")
 
 Renderer = Callable[[Any, Families], None]
 
-RENDERERS: Mapping[str, Renderer] = {"gpu": render_gpu}
+RENDERERS: Mapping[str, Renderer] = {"gpu": render_gpu, "net": render_net}
 
 
 class GpuscopeCollector(Collector):

@@ -13,11 +13,18 @@ import math
 from collections.abc import Iterator, Sequence
 from functools import cache
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 
 from exporters.prometheus.catalog import BY_NAME, ORDER, MetricSpec
 
 Sample = tuple[tuple[str, ...], float]
+# A histogram sample: cumulative (le, count) pairs ending with +Inf, the sum, the count.
+HistogramSample = tuple[tuple[str, ...], tuple[tuple[float, int], ...], float]
 
 
 class Families:
@@ -25,6 +32,7 @@ class Families:
 
     def __init__(self) -> None:
         self._samples: dict[str, list[Sample]] = {}
+        self._histograms: dict[str, list[HistogramSample]] = {}
 
     def add(self, name: str, labels: Sequence[str], value: float) -> None:
         samples = self._samples.get(name)
@@ -37,23 +45,46 @@ class Families:
             raise ValueError(f"{name}: expected labels {spec.labels}, got {len(labels)} values")
         samples.append((tuple(labels), value))
 
+    def add_histogram(
+        self,
+        name: str,
+        labels: Sequence[str],
+        buckets: Sequence[tuple[float, int]],
+        sum_value: float,
+    ) -> None:
+        """`buckets`: cumulative counts by upper bound, the last one +Inf (the count)."""
+        spec = BY_NAME[name]
+        if spec.kind != "histogram" or len(labels) != len(spec.labels):
+            raise ValueError(f"{name}: not a histogram with labels {spec.labels}")
+        if not buckets or not math.isinf(buckets[-1][0]):
+            raise ValueError(f"{name}: the last bucket must be +Inf")
+        self._histograms.setdefault(name, []).append((tuple(labels), tuple(buckets), sum_value))
+
     def merge(self, other: Families) -> None:
         for name, samples in other._samples.items():
             self._samples.setdefault(name, []).extend(samples)
+        for name, hists in other._histograms.items():
+            self._histograms.setdefault(name, []).extend(hists)
 
     def _ordered(self) -> list[str]:
-        return sorted(self._samples, key=ORDER.__getitem__)
+        return sorted({*self._samples, *self._histograms}, key=ORDER.__getitem__)
 
     def names(self) -> set[str]:
-        return set(self._samples)
+        return {*self._samples, *self._histograms}
 
     def metrics(self) -> Iterator[Metric]:
         """prometheus_client metric families, for the registry (and OpenMetrics)."""
         for name in self._ordered():
             spec = BY_NAME[name]
             family = _new_family(spec)
-            for labels, value in self._samples[name]:
-                family.add_metric(list(labels), value)  # type: ignore[attr-defined]
+            if spec.kind == "histogram":
+                for labels, buckets, total in self._histograms[name]:
+                    family.add_metric(  # type: ignore[attr-defined]
+                        list(labels), [(_go_float(le), n) for le, n in buckets], total
+                    )
+            else:
+                for labels, value in self._samples[name]:
+                    family.add_metric(list(labels), value)  # type: ignore[attr-defined]
             yield family
 
     def render_text(self) -> bytes:
@@ -62,13 +93,34 @@ class Families:
         for name in self._ordered():
             header, order = _layout(name)
             out.append(header)
+            if name in self._histograms:
+                self._render_histograms(name, out)
+                continue
             for labels, value in self._samples[name]:
                 inner = ",".join([f'{key}="{_escape(labels[i])}"' for key, i in order])
                 out.append(f"{name}{{{inner}}} {_go_float(value)}\n")
         return "".join(out).encode("utf-8")
 
+    def _render_histograms(self, name: str, out: list[str]) -> None:
+        _, order = _layout(name)
+        with_le = tuple(sorted([*((k, i) for k, i in order), ("le", -1)]))
+        for labels, buckets, total in self._histograms[name]:
+            for le, count in buckets:
+                inner = ",".join(
+                    [
+                        f'le="{_go_float(le)}"' if i < 0 else f'{key}="{_escape(labels[i])}"'
+                        for key, i in with_le
+                    ]
+                )
+                out.append(f"{name}_bucket{{{inner}}} {_go_float(count)}\n")
+            plain = ",".join([f'{key}="{_escape(labels[i])}"' for key, i in order])
+            out.append(f"{name}_count{{{plain}}} {_go_float(buckets[-1][1])}\n")
+            out.append(f"{name}_sum{{{plain}}} {_go_float(total)}\n")
+
 
 def _new_family(spec: MetricSpec) -> Metric:
+    if spec.kind == "histogram":
+        return HistogramMetricFamily(spec.name, spec.help, labels=list(spec.labels))
     if spec.kind == "counter":
         return CounterMetricFamily(spec.family_name, spec.help, labels=list(spec.labels))
     return GaugeMetricFamily(spec.family_name, spec.help, labels=list(spec.labels))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Kind = Literal["gauge", "counter"]
+Kind = Literal["gauge", "counter", "histogram"]
 
 GPU = ("gpu", "uuid")
 
