@@ -14,6 +14,8 @@ from prometheus_client.registry import CollectorRegistry
 from agent.clock import Clock, SystemClock
 from agent.config import Config
 from agent.gpu.source import GpuConfig, GpuSource
+from agent.net.nic import NicSource
+from agent.net.rdma import RdmaSource
 from agent.sources import Collection, Source, SourceRunner
 from exporters.prometheus.collector import GpuscopeCollector
 
@@ -36,6 +38,10 @@ def build_sources(config: Config, clock: Clock, *, background: bool = True) -> l
                     clock=clock,
                 )
             )
+        elif name == "nic":
+            sources.append(NicSource(config.sysfs))
+        elif name == "rdma":
+            sources.append(RdmaSource(config.sysfs))
         elif name == "net":
             # Imported here: the network source is the only one that needs bcc.
             from agent.net.bpf_program import MapLimits

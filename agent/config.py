@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-AVAILABLE_COLLECTORS = ("gpu", "net")
+AVAILABLE_COLLECTORS = ("gpu", "net", "nic", "rdma")
 DEFAULT_COLLECTORS = AVAILABLE_COLLECTORS
 
 

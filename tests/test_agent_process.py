@@ -15,7 +15,7 @@ GOLDEN = Path(__file__).parent / "golden"
 def test_serves_a_fake_h100_node_and_counts_busy_time(agent_process, fake_lib, tmp_path) -> None:
     fake = FakeNvml("dgx-h100", tmp_path / "state")  # real time: the sampler thread runs
     fake.set_utilization(0, 100)
-    agent = agent_process("--sample-interval", "0.2", env=fake.env())
+    agent = agent_process("--sample-interval", "0.2", "--collectors", "gpu", env=fake.env())
 
     assert agent.get("/healthz") == (200, "ok\n")
     assert agent.get("/readyz") == (200, "ready\n")

@@ -64,5 +64,6 @@ def test_names_follow_the_unit_conventions() -> None:
                 "_success",
                 "_active",
                 "_entries",
+                "_state",
             )
         ), f"{m.name}: no base unit and not a state/info metric"

@@ -1,1 +1,1 @@
-"""Network sources: what the node's NICs and RDMA devices say about themselves in sysfs."""
+"""Network sources: the node's NICs and RDMA ports (sysfs) and its pods' traffic (eBPF)."""

@@ -211,6 +211,10 @@ TRACEPOINT_PROBE(sock, sock_recv_length) {
 
 _RETRANSMIT = r"""
 TRACEPOINT_PROBE(tcp, tcp_retransmit_skb) {
+#ifdef RETRANSMIT_HAS_ERR
+    if (args->err)
+        return 0; /* the retransmission failed to go out: the kernel does not count it either */
+#endif
     u64 sk = (u64)args->skaddr;
     struct sock_val *s = sockets.lookup(&sk);
     struct tcp_val *v = tcp_stats(s ? s->cgroup : 0);
@@ -291,6 +295,7 @@ class ProbePlan:
     connections: bool  # sock:inet_sock_set_state, which also owns the socket -> cgroup map
     retransmits: bool  # tcp:tcp_retransmit_skb (needs connections)
     rtt: bool  # tcp:tcp_probe with an skaddr argument (needs connections)
+    retransmit_err: bool = False  # tcp_retransmit_skb has `err` (6.x): skip failed ones
 
     def modes(self) -> dict[str, str]:
         return {
@@ -306,6 +311,8 @@ def program_text(plan: ProbePlan, limits: MapLimits) -> str:
     if plan.connections:  # the socket -> cgroup map that retransmits and RTT attribute by
         parts.append(_SOCKETS)
         if plan.retransmits:
+            if plan.retransmit_err:
+                parts.append("#define RETRANSMIT_HAS_ERR 1")
             parts.append(_RETRANSMIT)
         if plan.rtt:
             parts.append(_RTT)

@@ -103,6 +103,7 @@ def plan_probes(tracefs: Path, traffic_mode: str = "auto") -> ProbePlan:
         connections=connections,
         retransmits=connections and retrans is not None and "skaddr" in retrans,
         rtt=connections and probe is not None and {"skaddr", "srtt"} <= probe,
+        retransmit_err=retrans is not None and "err" in retrans,
     )
 
 
@@ -198,7 +199,7 @@ class BpfProbes:
             os.environ["BCC_KERNEL_SOURCE"] = str(headers.path)
         text = program_text(self.plan, self.limits)
         try:
-            self._bpf = bcc.BPF(text=text)
+            self._bpf = bcc.BPF(text=text.encode())
         except Exception as exc:  # bcc raises bare Exception with the compiler's message
             raise SourceUnavailable(
                 f"compiling the eBPF probes failed against headers {headers.path}: {exc}"
@@ -214,7 +215,7 @@ class BpfProbes:
             ("gpuscope_egress", bcc.BPFAttachType.CGROUP_INET_EGRESS),
             ("gpuscope_ingress", bcc.BPFAttachType.CGROUP_INET_INGRESS),
         ):
-            fn = self._bpf.load_func(name, bcc.BPF.CGROUP_SKB)
+            fn = self._bpf.load_func(name.encode(), bcc.BPF.CGROUP_SKB)
             # BPF_F_ALLOW_MULTI (2): coexist with the CNI's or the runtime's own programs.
             bcc.BPF.attach_func(fn, self._cgroup_fd, kind, 2)
             self._attached.append((fn, kind))
@@ -223,7 +224,7 @@ class BpfProbes:
         bpf = self._bpf
         traffic = {
             (int(k.cgroup), int(k.proto), int(k.dir)): (int(v.bytes), int(v.calls))
-            for k, v in _items(bpf["traffic"])
+            for k, v in _items(bpf[b"traffic"])
         }
         tcp = {
             _scalar(k): (
@@ -233,12 +234,12 @@ class BpfProbes:
                 int(v.rtt_sum_us),
                 int(v.rtt_count),
             )
-            for k, v in _items(bpf["tcp"])
+            for k, v in _items(bpf[b"tcp"])
         }
         rtt: dict[tuple[int, int], int] = {}
         if self.plan.connections and self.plan.rtt:
-            rtt = {(int(k.cgroup), int(k.slot)): _scalar(v) for k, v in _items(bpf["rtt"])}
-        full_table = bpf["map_full"]
+            rtt = {(int(k.cgroup), int(k.slot)): _scalar(v) for k, v in _items(bpf[b"rtt"])}
+        full_table = bpf[b"map_full"]
         map_full = {name: _scalar(full_table[ctypes.c_int(i)]) for i, name in enumerate(MAP_INDEX)}
         return RawCounters(traffic=traffic, tcp=tcp, rtt=rtt, map_full=map_full)
 
@@ -248,7 +249,7 @@ class BpfProbes:
             names.append("sockets")
             if self.plan.rtt:
                 names.append("rtt")
-        return {name: sum(1 for _ in _items(self._bpf[name])) for name in names}
+        return {name: sum(1 for _ in _items(self._bpf[name.encode()])) for name in names}
 
     def map_max_entries(self) -> dict[str, int]:
         out = {"traffic": self.limits.traffic, "tcp": self.limits.cgroups}
@@ -268,10 +269,10 @@ class BpfProbes:
         if self.plan.connections and self.plan.rtt:
             names.append("rtt")
         for name in names:
-            table = bpf[name]
+            table = bpf[name.encode()]
             for key in [k for k, _ in _items(table) if _key_cgroup(k) in gone]:
                 with contextlib.suppress(KeyError):  # raced with another deletion
-                    del table[key]
+                    del table[table.Key(key) if isinstance(key, int) else key]
 
     def close(self) -> None:
         if self._bpf is None:

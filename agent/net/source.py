@@ -140,7 +140,7 @@ class NetSource:
         probes = BpfProbes(plan, cfg.limits)
         probes.load(headers, root)
         self.probes = probes
-        self.resolver = CgroupResolver(root)
+        self.resolver = CgroupResolver(root, monotonic=self.clock.monotonic)
         self._root_id = root.stat().st_ino
         log.info(
             "eBPF probes loaded (kernel headers %s, from %s): %s; cgroup v2 root %s",
@@ -159,7 +159,9 @@ class NetSource:
 
         live: dict[Key, _Totals] = defaultdict(_Totals)
         for cgroup in raw.cgroups():
-            live[self._key(cgroup)].add_cgroup(raw, cgroup)
+            key = self._key(cgroup)
+            if key is not None:  # not resolvable yet: reported once its owner is known
+                live[key].add_cgroup(raw, cgroup)
         pods = []
         for key in sorted(set(live) | set(self._retired)):
             totals = live.get(key, _Totals())
@@ -173,13 +175,21 @@ class NetSource:
             map_max_entries=probes.map_max_entries(),
         )
 
-    def _key(self, cgroup: int) -> Key:
+    def _key(self, cgroup: int) -> Key | None:
+        """Whose traffic this cgroup's is; None while its path is unknown.
+
+        A cgroup created since the last walk of the hierarchy is not resolvable yet. Its
+        counts are held back rather than put on the host for a scrape and then moved to the
+        pod, which would make the host's counters go backwards.
+        """
         cached = self._keys.get(cgroup)
         if cached is not None:
             return cached
         assert self.resolver is not None
-        if cgroup in (UNATTRIBUTED, self._root_id) or self.resolver.resolve(cgroup) is None:
-            return HOST  # not cached: a cgroup created since the last walk resolves later
+        if cgroup in (UNATTRIBUTED, self._root_id):
+            return HOST
+        if self.resolver.resolve(cgroup) is None:
+            return None
         pod = self.resolver.resolve_pod(cgroup)
         if pod is None:
             key = HOST
@@ -208,7 +218,7 @@ class NetSource:
         if not expired:
             return raw
         for cgroup in expired:
-            key = self._key(cgroup)
+            key = self._key(cgroup) or HOST  # never resolved: it lived and died between walks
             self._retired.setdefault(key, _Totals()).add_cgroup(raw, cgroup)
         self.probes.delete_cgroups(expired)
         remaining = RawCounters(
@@ -220,7 +230,7 @@ class NetSource:
         for cgroup in expired:
             self._missing_since.pop(cgroup, None)
             self._keys.pop(cgroup, None)
-        still_live = {self._key(c) for c in remaining.cgroups()}
+        still_live = {self._keys.get(c) for c in remaining.cgroups()}
         for key in list(self._retired):
             if key != HOST and key not in still_live:
                 del self._retired[key]  # the whole pod is gone: its series go too

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from exporters.prometheus.catalog_gpu import GPU_METRICS
 from exporters.prometheus.catalog_net import NET_METRICS
+from exporters.prometheus.catalog_nic import NIC_METRICS, RDMA_METRICS
 from exporters.prometheus.spec import MetricSpec
 
 __all__ = ["BY_NAME", "METRICS", "ORDER", "MetricSpec", "spec"]
@@ -42,7 +43,13 @@ AGENT_METRICS: tuple[MetricSpec, ...] = (
     ),
 )
 
-METRICS: tuple[MetricSpec, ...] = (*AGENT_METRICS, *GPU_METRICS, *NET_METRICS)
+METRICS: tuple[MetricSpec, ...] = (
+    *AGENT_METRICS,
+    *GPU_METRICS,
+    *NET_METRICS,
+    *NIC_METRICS,
+    *RDMA_METRICS,
+)
 
 BY_NAME: dict[str, MetricSpec] = {m.name: m for m in METRICS}
 ORDER: dict[str, int] = {m.name: i for i, m in enumerate(METRICS)}

@@ -22,12 +22,18 @@ from agent.sources import Collection
 from exporters.prometheus.families import Families
 from exporters.prometheus.gpu import render_gpu
 from exporters.prometheus.net import render_net
+from exporters.prometheus.net_devices import render_nic, render_rdma
 
 log = logging.getLogger("gpuscope.exporter")
 
 Renderer = Callable[[Any, Families], None]
 
-RENDERERS: Mapping[str, Renderer] = {"gpu": render_gpu, "net": render_net}
+RENDERERS: Mapping[str, Renderer] = {
+    "gpu": render_gpu,
+    "net": render_net,
+    "nic": render_nic,
+    "rdma": render_rdma,
+}
 
 
 class GpuscopeCollector(Collector):

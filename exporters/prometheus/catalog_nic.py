@@ -1,0 +1,170 @@
+"""Metrics of the `nic` (class/net) and `rdma` (class/infiniband) collectors.
+
+Kernel counters are exported as the kernel keeps them: monotonic since the driver was
+loaded (or the device reset), never reset by the agent, so rate() works across agent
+restarts. Device series carry `device` (and `port`) only; driver, PCI bus id, NUMA node,
+firmware and the RDMA-to-netdev link are on the `_info` series, to join on.
+"""
+
+from __future__ import annotations
+
+from exporters.prometheus.spec import MetricSpec
+
+NIC = ("device",)
+PORT = ("device", "port")
+
+NIC_METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec(
+        "gpuscope_nic_info",
+        "gauge",
+        "Always 1; labels describe the NIC: driver, PCI bus id, NUMA node (empty when the "
+        'platform has none), and rdma="true" when an RDMA device sits on it.',
+        ("device", "driver", "pci_bus_id", "numa_node", "rdma"),
+        "nic",
+        "Every physical netdev: those with a parent device (`class/net/<dev>/device`). "
+        "Loopback, veth, bridges, bonds, VLANs, tun/tap and vxlan are never reported.",
+    ),
+    MetricSpec(
+        "gpuscope_nic_transmit_bytes_total",
+        "counter",
+        "Bytes sent through the netdev (statistics/tx_bytes). RDMA traffic bypasses the "
+        "netdev: see gpuscope_rdma_port_transmit_bytes_total.",
+        NIC,
+        "nic",
+    ),
+    MetricSpec(
+        "gpuscope_nic_receive_bytes_total",
+        "counter",
+        "Bytes received through the netdev (statistics/rx_bytes).",
+        NIC,
+        "nic",
+    ),
+    MetricSpec(
+        "gpuscope_nic_transmit_packets_total",
+        "counter",
+        "Packets sent through the netdev (statistics/tx_packets).",
+        NIC,
+        "nic",
+    ),
+    MetricSpec(
+        "gpuscope_nic_receive_packets_total",
+        "counter",
+        "Packets received through the netdev (statistics/rx_packets).",
+        NIC,
+        "nic",
+    ),
+    MetricSpec(
+        "gpuscope_nic_errors_total",
+        "counter",
+        "Packets with errors, by direction (transmit, receive): statistics/tx_errors, rx_errors.",
+        ("device", "direction"),
+        "nic",
+    ),
+    MetricSpec(
+        "gpuscope_nic_dropped_total",
+        "counter",
+        "Packets dropped, by direction (transmit, receive): statistics/tx_dropped, rx_dropped.",
+        ("device", "direction"),
+        "nic",
+    ),
+    MetricSpec(
+        "gpuscope_nic_speed_bytes_per_second",
+        "gauge",
+        "Negotiated link speed (the kernel's Mb/s x 125000).",
+        NIC,
+        "nic",
+        "While the link is up (the kernel reports no speed on a down link).",
+    ),
+    MetricSpec(
+        "gpuscope_nic_up",
+        "gauge",
+        '1 if the netdev\'s operstate is "up", else 0 (down, lowerlayerdown, dormant, ...).',
+        NIC,
+        "nic",
+    ),
+    MetricSpec("gpuscope_nic_mtu_bytes", "gauge", "The netdev's MTU.", NIC, "nic"),
+)
+
+RDMA_METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec(
+        "gpuscope_rdma_port_info",
+        "gauge",
+        "Always 1; labels describe the RDMA port: link layer (InfiniBand, Ethernet = RoCE), "
+        "HCA type, firmware, node GUID and the netdev it carries (empty if none).",
+        ("device", "port", "link_layer", "hca_type", "fw_version", "node_guid", "netdev"),
+        "rdma",
+        "Every port of every device in class/infiniband. `hca_type` is empty where the "
+        "driver has none (irdma).",
+    ),
+    MetricSpec(
+        "gpuscope_rdma_port_transmit_bytes_total",
+        "counter",
+        "Bytes sent by the port, RDMA included (counters/port_xmit_data x 4).",
+        PORT,
+        "rdma",
+        "Devices with the PortCounters set (mlx5; not irdma).",
+    ),
+    MetricSpec(
+        "gpuscope_rdma_port_receive_bytes_total",
+        "counter",
+        "Bytes received by the port, RDMA included (counters/port_rcv_data x 4).",
+        PORT,
+        "rdma",
+        "Devices with the PortCounters set (mlx5; not irdma).",
+    ),
+    MetricSpec(
+        "gpuscope_rdma_port_transmit_packets_total",
+        "counter",
+        "Packets sent by the port (counters/port_xmit_packets).",
+        PORT,
+        "rdma",
+        "Devices with the PortCounters set (mlx5; not irdma).",
+    ),
+    MetricSpec(
+        "gpuscope_rdma_port_receive_packets_total",
+        "counter",
+        "Packets received by the port (counters/port_rcv_packets).",
+        PORT,
+        "rdma",
+        "Devices with the PortCounters set (mlx5; not irdma).",
+    ),
+    MetricSpec(
+        "gpuscope_rdma_port_errors_total",
+        "counter",
+        "Port errors by counter: the PortCounters error counters under their kernel names "
+        "(symbol_error, link_downed, link_error_recovery, port_rcv_errors, port_xmit_discards, "
+        "...) and an allow-list of driver hw_counters under normalized names "
+        "(out_of_sequence, packet_seq_err, local_ack_timeout_err, roce_adp_retrans, ...). "
+        "PortCounters error counters saturate at their maximum rather than wrap.",
+        (*PORT, "counter"),
+        "rdma",
+        "Each counter the device has; the allow-list is in agent/net/rdma.py.",
+    ),
+    MetricSpec(
+        "gpuscope_rdma_port_congestion_total",
+        "counter",
+        "Congestion signals by counter, kept apart from errors because a healthy RoCE fabric "
+        "raises them all the time: cnp_sent, cnp_handled, cnp_ignored, ecn_marked_packets "
+        "(RoCE, mlx5 and irdma under the same names) and port_xmit_wait (InfiniBand: ticks "
+        "with data to send and no credit).",
+        (*PORT, "counter"),
+        "rdma",
+        "Each counter the device has: CNP and ECN counters on RoCE ports.",
+    ),
+    MetricSpec(
+        "gpuscope_rdma_port_state",
+        "gauge",
+        "The port's InfiniBand PortState: 0 NOP, 1 DOWN, 2 INIT, 3 ARMED, 4 ACTIVE, "
+        "5 ACTIVE_DEFER. Only 4 passes traffic.",
+        PORT,
+        "rdma",
+    ),
+    MetricSpec(
+        "gpuscope_rdma_port_rate_bytes_per_second",
+        "gauge",
+        "Negotiated port rate (the kernel's `rate`, e.g. 400 Gb/sec (4X NDR) = 5e10).",
+        PORT,
+        "rdma",
+        "While the physical link is up (phys_state LinkUp).",
+    ),
+)

@@ -1,0 +1,75 @@
+"""NIC and RDMA records -> Prometheus samples. Device series carry `device` (and `port`)
+only; what describes a device is on its `_info` series, so device series stay stable."""
+
+from __future__ import annotations
+
+from agent.net.nic import NicReading, NicSnapshot
+from agent.net.rdma import RdmaDevice, RdmaPort, RdmaSnapshot
+from exporters.prometheus.families import Families
+
+
+def render_nic(snapshot: NicSnapshot, out: Families) -> None:
+    for nic in snapshot.nics:
+        _render_nic(nic, out)
+
+
+def _render_nic(n: NicReading, out: Families) -> None:
+    dev = (n.device,)
+    numa = str(n.numa_node) if n.numa_node is not None else ""
+    out.add(
+        "gpuscope_nic_info",
+        (n.device, n.driver, n.pci_bus_id, numa, "true" if n.rdma else "false"),
+        1,
+    )
+    scalars: tuple[tuple[str, int | None], ...] = (
+        ("gpuscope_nic_transmit_bytes_total", n.transmit_bytes),
+        ("gpuscope_nic_receive_bytes_total", n.receive_bytes),
+        ("gpuscope_nic_transmit_packets_total", n.transmit_packets),
+        ("gpuscope_nic_receive_packets_total", n.receive_packets),
+        ("gpuscope_nic_speed_bytes_per_second", n.speed_bytes_per_second),
+        ("gpuscope_nic_mtu_bytes", n.mtu_bytes),
+    )
+    for name, value in scalars:
+        if value is not None:
+            out.add(name, dev, value)
+    by_direction: tuple[tuple[str, str, int | None], ...] = (
+        ("gpuscope_nic_errors_total", "transmit", n.transmit_errors),
+        ("gpuscope_nic_errors_total", "receive", n.receive_errors),
+        ("gpuscope_nic_dropped_total", "transmit", n.transmit_dropped),
+        ("gpuscope_nic_dropped_total", "receive", n.receive_dropped),
+    )
+    for name, direction, value in by_direction:
+        if value is not None:
+            out.add(name, (n.device, direction), value)
+    if n.operstate is not None:
+        out.add("gpuscope_nic_up", dev, 1 if n.operstate == "up" else 0)
+
+
+def render_rdma(snapshot: RdmaSnapshot, out: Families) -> None:
+    for device in snapshot.devices:
+        for port in device.ports:
+            _render_port(device, port, out)
+
+
+def _render_port(d: RdmaDevice, p: RdmaPort, out: Families) -> None:
+    key = (d.name, str(p.port))
+    out.add(
+        "gpuscope_rdma_port_info",
+        (*key, p.link_layer, d.hca_type, d.fw_version, d.node_guid, p.netdev),
+        1,
+    )
+    scalars: tuple[tuple[str, int | None], ...] = (
+        ("gpuscope_rdma_port_transmit_bytes_total", p.transmit_bytes),
+        ("gpuscope_rdma_port_receive_bytes_total", p.receive_bytes),
+        ("gpuscope_rdma_port_transmit_packets_total", p.transmit_packets),
+        ("gpuscope_rdma_port_receive_packets_total", p.receive_packets),
+        ("gpuscope_rdma_port_state", p.state),
+        ("gpuscope_rdma_port_rate_bytes_per_second", p.rate_bytes_per_second),
+    )
+    for name, value in scalars:
+        if value is not None:
+            out.add(name, key, value)
+    for counter, value in p.errors.items():
+        out.add("gpuscope_rdma_port_errors_total", (*key, counter), value)
+    for counter, value in p.congestion.items():
+        out.add("gpuscope_rdma_port_congestion_total", (*key, counter), value)
