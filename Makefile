@@ -41,7 +41,7 @@ $(FAKENVML_LIB): tests/fakenvml/fakenvml.c $(BUILD)/.deps-stamp
 kernel: deps
 	@bash scripts/setup-kernel.sh $(BUILD)/kernel-headers
 
-demo: venv fakenvml
+demo: venv fakenvml kernel
 	@$(PY) scripts/demo.py $(DEMO_ARGS)
 
 lint: venv
@@ -60,8 +60,9 @@ test: lint typecheck unit
 golden-update: venv fakenvml
 	GPUSCOPE_UPDATE_GOLDEN=1 $(PY) -m pytest tests/test_golden.py tests/test_metrics_doc.py
 
-bench: venv fakenvml
+bench: venv fakenvml kernel
 	$(PY) bench/bench_gpu.py
+	$(PY) -W ignore bench/bench_net.py
 
 clean:
 	rm -rf $(BUILD) $(VENV)

@@ -107,6 +107,15 @@ def summary(now: Exposition, before: Exposition | None, elapsed: float) -> str:
     return "\n".join(rows)
 
 
+def network_line(m: Exposition) -> str:
+    status = {c: int(v) for c, v in m.by_label("gpuscope_collector_success", "collector").items()}
+    if not status.get("net"):
+        return f"collectors: {status} (net needs root, BPF and tracefs: see the agent's log)"
+    host_tx = sum(m.series("gpuscope_pod_network_transmit_bytes_total", pod_uid="").values())
+    nics = len(m.series("gpuscope_nic_info"))
+    return f"collectors: {status}; host sent {host_tx / 1e6:.2f} MB since start; {nics} NIC(s)"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--profile", default="dgx-h100")
@@ -125,7 +134,15 @@ def main() -> int:
     port = free_port(args.port)
     env = os.environ | fake.env()
     agent = subprocess.Popen(
-        [sys.executable, "-m", "agent.cli", "--listen", f"127.0.0.1:{port}"],
+        [
+            sys.executable,
+            "-m",
+            "agent.cli",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--kernel-headers",
+            str(REPO / "build" / "kernel-headers" / "debian"),
+        ],
         cwd=REPO,
         env=env,
     )
@@ -156,7 +173,8 @@ def main() -> int:
             now_at = time.monotonic()
             now = Exposition(fetch(base + "/metrics"))
             print(time.strftime("%H:%M:%S"), f"({len(now.samples)} series)")
-            print(summary(now, before, now_at - before_at), flush=True)
+            print(summary(now, before, now_at - before_at))
+            print(network_line(now), flush=True)
             print()
             before, before_at = now, now_at
             if args.duration and now_at - started >= args.duration:

@@ -14,6 +14,7 @@ packages=(
   nftables          # packet loss between test network namespaces (no netem here)
   iproute2          # network namespaces and veth pairs
   libcap2-bin       # capsh: least-privilege tests
+  bpftool           # per-program BPF run-time statistics in bench/bench_net.py
 )
 
 missing=()

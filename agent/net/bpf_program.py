@@ -54,14 +54,18 @@ _COMMON = r"""
 #define SOCK_ESTABLISHED 1     /* counted as opened (it reached ESTABLISHED after we started) */
 #define SOCK_PENDING_PASSIVE 2 /* accepted in softirq; owner known at its first send/recv */
 #define RTT_SLOTS __RTT_SLOTS__
+#define RTT_SAMPLE_JIFFIES 1 /* at most one RTT observation per socket per kernel tick */
 
 struct traffic_key { u64 cgroup; u32 proto; u32 dir; };
 struct traffic_val { u64 bytes; u64 calls; };
-struct sock_val { u64 cgroup; u32 flags; u32 pad; };
+struct sock_val { u64 cgroup; u64 rtt_at; u32 flags; u32 pad; };
 struct tcp_val { u64 opened; u64 closed; u64 retransmits; u64 rtt_sum_us; u64 rtt_count; };
 struct rtt_key { u64 cgroup; u64 slot; };
 
-BPF_HASH(traffic, struct traffic_key, struct traffic_val, __MAX_TRAFFIC__);
+/* Per-CPU, so the hot path adds without atomic instructions; allocated on insert, so a
+ * many-CPU node pays for the entries it uses, not for the map's capacity. */
+BPF_F_TABLE("percpu_hash", struct traffic_key, struct traffic_val, traffic, __MAX_TRAFFIC__,
+            BPF_F_NO_PREALLOC);
 BPF_HASH(tcp, u64, struct tcp_val, __MAX_CGROUPS__);
 BPF_ARRAY(map_full, u64, 4);
 
@@ -82,8 +86,8 @@ static __always_inline void add_traffic(u64 cgroup, u32 proto, u32 dir, u64 byte
         count_full(0);
         return;
     }
-    __sync_fetch_and_add(&v->bytes, bytes);
-    __sync_fetch_and_add(&v->calls, 1);
+    v->bytes += bytes;
+    v->calls += 1;
 }
 
 static __always_inline struct tcp_val *tcp_stats(u64 cgroup) {
@@ -98,6 +102,28 @@ static __always_inline struct tcp_val *tcp_stats(u64 cgroup) {
 _SOCKETS = r"""
 #define GPUSCOPE_SOCKETS 1
 BPF_HASH(sockets, u64, struct sock_val, __MAX_SOCKETS__);
+
+/* The hot paths (every send, receive and received segment) first check a per-CPU memo of
+ * the socket they saw last, skipping the hash lookup when nothing can have changed. The
+ * epoch moves whenever a socket's entry is created or removed, which invalidates every
+ * CPU's memo at once: a freed socket's address reused by a new one never hits a stale memo.
+ * Softirq work for a socket often runs on its peer's CPU, hence a memo per probe. */
+struct sock_memo { u64 sk; u64 cgroup; u64 epoch; u64 rtt_at; };
+BPF_PERCPU_ARRAY(memo, struct sock_memo, 2); /* [0] send/receive, [1] tcp_probe */
+BPF_ARRAY(epoch, u64, 1);
+
+static __always_inline u64 current_epoch(void) {
+    int zero = 0;
+    u64 *e = epoch.lookup(&zero);
+    return e ? *e : 0;
+}
+
+static __always_inline void bump_epoch(void) {
+    int zero = 0;
+    u64 *e = epoch.lookup(&zero);
+    if (e)
+        __sync_fetch_and_add(e, 1);
+}
 
 static __always_inline void opened(u64 cgroup) {
     struct tcp_val *v = tcp_stats(cgroup);
@@ -114,6 +140,17 @@ static __always_inline void closed(u64 cgroup) {
 /* Process context: remember which cgroup owns this TCP socket, for the probes that fire in
  * softirq/timer context where the current task is unrelated (retransmit, RTT, close). */
 static __always_inline void remember(u64 sk, u64 cgroup) {
+    int zero = 0;
+    u64 now_epoch = current_epoch();
+    struct sock_memo *m = memo.lookup(&zero);
+    if (m && m->sk == sk && m->cgroup == cgroup && m->epoch == now_epoch)
+        return; /* seen on this CPU, owned by this cgroup, nothing changed since */
+    if (m) {
+        m->sk = sk;
+        m->cgroup = cgroup;
+        m->epoch = now_epoch;
+        m->rtt_at = 0;
+    }
     struct sock_val *s = sockets.lookup(&sk);
     if (s) {
         if (s->flags & SOCK_PENDING_PASSIVE) {
@@ -129,6 +166,7 @@ static __always_inline void remember(u64 sk, u64 cgroup) {
     n.cgroup = cgroup;
     if (sockets.update(&sk, &n) != 0)
         count_full(1);
+    bump_epoch();
 }
 
 TRACEPOINT_PROBE(sock, inet_sock_set_state) {
@@ -142,6 +180,7 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state) {
         n.cgroup = bpf_get_current_cgroup_id();
         if (sockets.update(&sk, &n) != 0)
             count_full(1);
+        bump_epoch();
         return 0;
     }
     if (newstate == TCP_ESTABLISHED) {
@@ -158,6 +197,7 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state) {
             n.flags = SOCK_ESTABLISHED | SOCK_PENDING_PASSIVE;
             if (sockets.update(&sk, &n) != 0)
                 count_full(1);
+            bump_epoch();
         }
         return 0;
     }
@@ -171,6 +211,7 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state) {
                 closed(s->cgroup);
             }
             sockets.delete(&sk);
+            bump_epoch();
         }
     }
     return 0;
@@ -227,20 +268,43 @@ TRACEPOINT_PROBE(tcp, tcp_retransmit_skb) {
 _RTT = r"""
 BPF_HASH(rtt, struct rtt_key, u64, __MAX_RTT__);
 
+/* tcp_probe fires on every received segment: sample each socket's smoothed RTT at most once
+ * per kernel tick (1-10 ms by CONFIG_HZ; jiffies cost nothing to read where ktime costs
+ * ~65 ns on a VM), so a 100 Gbit/s flow costs what a chatty one does, and the histogram
+ * weighs connections by time rather than by packet rate. */
 TRACEPOINT_PROBE(tcp, tcp_probe) {
     u32 srtt = args->srtt; /* microseconds (tp->srtt_us >> 3) */
     if (srtt == 0)
         return 0;
     u64 sk = (u64)args->skaddr;
+    u64 now = bpf_jiffies64();
+    int slot = 1;
+    u64 now_epoch = current_epoch();
+    struct sock_memo *m = memo.lookup(&slot);
+    if (m && m->sk == sk && m->epoch == now_epoch && now - m->rtt_at < RTT_SAMPLE_JIFFIES)
+        return 0;
     struct sock_val *s = sockets.lookup(&sk);
-    u64 cgroup = s ? s->cgroup : 0;
+    if (!s || (s->flags & SOCK_PENDING_PASSIVE))
+        return 0; /* owner not known yet */
+    int sample = now - s->rtt_at >= RTT_SAMPLE_JIFFIES;
+    if (sample)
+        s->rtt_at = now;
+    if (m) {
+        m->sk = sk;
+        m->cgroup = s->cgroup;
+        m->epoch = now_epoch;
+        m->rtt_at = s->rtt_at;
+    }
+    if (!sample)
+        return 0;
+    u64 cgroup = s->cgroup;
     struct rtt_key k = {};
     k.cgroup = cgroup;
     k.slot = bpf_log2l(srtt);
     if (k.slot >= RTT_SLOTS)
         k.slot = RTT_SLOTS - 1;
-    u64 zero = 0;
-    u64 *n = rtt.lookup_or_try_init(&k, &zero);
+    u64 none = 0;
+    u64 *n = rtt.lookup_or_try_init(&k, &none);
     if (!n)
         count_full(3);
     else

@@ -223,7 +223,10 @@ class BpfProbes:
     def read(self) -> RawCounters:
         bpf = self._bpf
         traffic = {
-            (int(k.cgroup), int(k.proto), int(k.dir)): (int(v.bytes), int(v.calls))
+            (int(k.cgroup), int(k.proto), int(k.dir)): (
+                sum(int(cpu.bytes) for cpu in v),  # a per-CPU map: one value per CPU
+                sum(int(cpu.calls) for cpu in v),
+            )
             for k, v in _items(bpf[b"traffic"])
         }
         tcp = {

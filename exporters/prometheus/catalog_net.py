@@ -77,8 +77,8 @@ NET_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "gpuscope_pod_tcp_rtt_seconds",
         "histogram",
-        "Smoothed RTT of the pod's TCP connections, one observation per tcp:tcp_probe event "
-        "(each received segment), from an in-kernel log2 histogram.",
+        "Smoothed RTT of the pod's TCP connections (tcp:tcp_probe srtt), sampled per connection "
+        "at most once per kernel tick (1-10 ms), from an in-kernel log2 histogram.",
         POD,
         "net",
         "Pods with TCP traffic. Buckets are powers of two from 16 µs to 8.4 s.",
