@@ -66,6 +66,14 @@ class Pods:
         self.created.append(base)
         return Pod(uid=uid, container_id=cid, path=path)
 
+    def add_container(self, pod: Pod) -> Pod:
+        """Another container of the same pod (a sibling cgroup, same runtime naming)."""
+        cid = uuid.uuid4().hex + uuid.uuid4().hex
+        name = pod.path.name.replace(pod.container_id, cid)
+        path = pod.path.with_name(name)
+        path.mkdir()
+        return Pod(uid=pod.uid, container_id=cid, path=path)
+
     def run(
         self, pod: Pod | None, args: list[str], *, netns: str | None = None
     ) -> subprocess.Popen[str]:

@@ -166,6 +166,36 @@ def test_series_of_a_removed_pod_go_after_the_grace_period(
     assert gone.uid not in remaining and keep.uid in remaining
 
 
+def test_containers_of_a_pod_sum_into_the_pod_or_split_with_the_flag(
+    net: NetSource, pods: Pods
+) -> None:
+    first = pods.add()
+    second = pods.add_container(first)
+    receiver = pods.run(None, ["udp-server", "127.0.0.1", "47107", "2"])
+    wait_ready(receiver)
+    finish(pods.run(first, ["udp-client", "127.0.0.1", "47107", "1", "300"]))
+    finish(pods.run(second, ["udp-client", "127.0.0.1", "47107", "1", "700"]))
+    finish(receiver)
+    assert pod_of(collect(net), first).transmit_bytes == {"udp": 1000}
+
+    split = NetSource(
+        NetConfig(fallback_headers=HEADERS, per_container=True), clock=ManualClock(1000.0)
+    )
+    split.start()
+    try:
+        receiver = pods.run(None, ["udp-server", "127.0.0.1", "47108", "2"])
+        wait_ready(receiver)
+        finish(pods.run(first, ["udp-client", "127.0.0.1", "47108", "1", "30"]))
+        finish(pods.run(second, ["udp-client", "127.0.0.1", "47108", "1", "70"]))
+        finish(receiver)
+        rows = {
+            p.container_id: p.transmit_bytes for p in collect(split).pods if p.pod_uid == first.uid
+        }
+        assert rows == {first.container_id: {"udp": 30}, second.container_id: {"udp": 70}}
+    finally:
+        split.stop()
+
+
 def rss_anon_kib() -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("RssAnon:"):
