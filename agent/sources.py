@@ -47,6 +47,18 @@ class Source(Protocol[R_co]):
         ...
 
 
+class StatelessSource:
+    """Base for sources with nothing to start or stop: every collection reads afresh."""
+
+    name: str
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
 @dataclass(frozen=True, slots=True)
 class SourceResult(Generic[R]):
     name: str

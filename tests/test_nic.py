@@ -16,16 +16,11 @@ from agent.sources import SourceRunner, SourceUnavailable
 from exporters.prometheus.families import Families
 from exporters.prometheus.net_devices import render_nic
 from tests.fixtures.make_sysfs import Node, gpu_node, write_tree
-from tests.fixtures.netmetrics import promtool_check, register, render, scrape
+from tests.fixtures.netmetrics import promtool_check, render, scrape
 
 NODE = gpu_node()
 PHYSICAL = sorted(n.netdev for n in NODE.nics)
 VIRTUAL = ("lo", "cni0", "veth3f2a9c1e", "veth8b07d4a2")
-
-
-@pytest.fixture(autouse=True)
-def _catalog(monkeypatch: pytest.MonkeyPatch) -> None:
-    register(monkeypatch)
 
 
 @pytest.fixture(scope="module")

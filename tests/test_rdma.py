@@ -29,17 +29,12 @@ from exporters.prometheus.collector import RENDERERS, GpuscopeCollector
 from exporters.prometheus.families import Families
 from exporters.prometheus.net_devices import render_nic, render_rdma
 from tests.fixtures.make_sysfs import MLX5_HW_COUNTERS, gpu_node, write_tree
-from tests.fixtures.netmetrics import promtool_check, register, render, scrape
+from tests.fixtures.netmetrics import promtool_check, render, scrape
 from tests.promtext import Exposition
 
 NODE = gpu_node()
 MLX5 = [f"mlx5_{i}" for i in range(8)]
 GOLDEN = Path(__file__).parent / "golden" / "nic-rdma.prom"
-
-
-@pytest.fixture(autouse=True)
-def _catalog(monkeypatch: pytest.MonkeyPatch) -> None:
-    register(monkeypatch)
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.sources import SourceUnavailable
+from agent.sources import SourceUnavailable, StatelessSource
 
 MEGABIT = 125_000  # bytes per second in one Mb/s, the unit of `speed`
 SPEED_UNKNOWN = 0xFFFFFFFF  # SPEED_UNKNOWN read back through an unsigned format
@@ -53,22 +53,16 @@ class NicSnapshot:
     nics: tuple[NicReading, ...]
 
 
-class NicSource:
-    """Stateless: every scrape reads sysfs afresh, so there is nothing to start or stop."""
+class NicSource(StatelessSource):
+    """Reads sysfs afresh on every scrape."""
 
     name = "nic"
 
     def __init__(self, sysfs: Path = Path("/sys")) -> None:
         self.sysfs = sysfs
 
-    def start(self) -> None:
-        pass
-
     def collect(self) -> NicSnapshot:
         return read_nics(self.sysfs)
-
-    def stop(self) -> None:
-        pass
 
 
 def read_nics(sysfs: Path) -> NicSnapshot:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Literal
 
 from agent.net.nic import list_dir, read_int, read_text
-from agent.sources import SourceUnavailable
+from agent.sources import SourceUnavailable, StatelessSource
 
 Kind = Literal["error", "congestion"]
 ERROR: Kind = "error"
@@ -159,22 +159,16 @@ class RdmaSnapshot:
     devices: tuple[RdmaDevice, ...]
 
 
-class RdmaSource:
-    """Stateless: every scrape reads sysfs afresh, so there is nothing to start or stop."""
+class RdmaSource(StatelessSource):
+    """Reads sysfs afresh on every scrape."""
 
     name = "rdma"
 
     def __init__(self, sysfs: Path = Path("/sys")) -> None:
         self.sysfs = sysfs
 
-    def start(self) -> None:
-        pass
-
     def collect(self) -> RdmaSnapshot:
         return read_rdma(self.sysfs)
-
-    def stop(self) -> None:
-        pass
 
 
 def read_rdma(sysfs: Path) -> RdmaSnapshot:
