@@ -15,6 +15,7 @@ import ctypes
 import logging
 import os
 import platform
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,6 +193,8 @@ class BpfProbes:
         self._bpf: Any = None
         self._cgroup_fd: int | None = None
         self._attached: list[tuple[Any, int]] = []
+        self._sockets_count = 0
+        self._sockets_counted_at: float | None = None
 
     def load(self, headers: HeaderTree, cgroup_root: Path | None) -> None:
         bcc = import_bcc()
@@ -246,13 +249,19 @@ class BpfProbes:
         map_full = {name: _scalar(full_table[ctypes.c_int(i)]) for i, name in enumerate(MAP_INDEX)}
         return RawCounters(traffic=traffic, tcp=tcp, rtt=rtt, map_full=map_full)
 
-    def map_entries(self) -> dict[str, int]:
-        names = ["traffic", "tcp"]
+    def map_entries(self, raw: RawCounters) -> dict[str, int]:
+        """Entries per map: from what `read` returned, and for the socket map (which can hold
+        hundreds of thousands of entries nobody needs to see) a count refreshed once a minute."""
+        out = {"traffic": len(raw.traffic), "tcp": len(raw.tcp)}
         if self.plan.connections:
-            names.append("sockets")
+            now = time.monotonic()
+            if self._sockets_counted_at is None or now - self._sockets_counted_at >= 60:
+                self._sockets_count = len(_items(self._bpf[b"sockets"]))
+                self._sockets_counted_at = now
+            out["sockets"] = self._sockets_count
             if self.plan.rtt:
-                names.append("rtt")
-        return {name: sum(1 for _ in _items(self._bpf[name.encode()])) for name in names}
+                out["rtt"] = len(raw.rtt)
+        return out
 
     def map_max_entries(self) -> dict[str, int]:
         out = {"traffic": self.limits.traffic, "tcp": self.limits.cgroups}

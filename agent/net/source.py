@@ -57,36 +57,22 @@ class _Totals:
     rtt_sum_us: int = 0
     rtt_count: int = 0
 
-    def add_cgroup(self, raw: RawCounters, cgroup: int) -> None:
-        for (cg, proto, direction), (nbytes, ncalls) in raw.traffic.items():
-            if cg == cgroup:
-                key = (PROTOCOLS[proto], DIRECTIONS[direction])
-                self.bytes[key] += nbytes
-                self.calls[key] += ncalls
-        tcp = raw.tcp.get(cgroup)
-        if tcp is not None:
-            self.opened += tcp[0]
-            self.closed += tcp[1]
-            self.retransmits += tcp[2]
-            self.rtt_sum_us += tcp[3]
-            self.rtt_count += tcp[4]
-        for (cg, slot), count in raw.rtt.items():
-            if cg == cgroup and 0 <= slot < RTT_SLOTS:
-                self.rtt_slots[slot] += count
+    def add(self, other: _Totals) -> None:
+        for k, v in other.bytes.items():
+            self.bytes[k] += v
+        for k, v in other.calls.items():
+            self.calls[k] += v
+        self.retransmits += other.retransmits
+        self.opened += other.opened
+        self.closed += other.closed
+        self.rtt_sum_us += other.rtt_sum_us
+        self.rtt_count += other.rtt_count
+        self.rtt_slots = [a + b for a, b in zip(self.rtt_slots, other.rtt_slots, strict=True)]
 
     def merged(self, other: _Totals) -> _Totals:
         out = _Totals()
-        for src in (self, other):
-            for k, v in src.bytes.items():
-                out.bytes[k] += v
-            for k, v in src.calls.items():
-                out.calls[k] += v
-            out.retransmits += src.retransmits
-            out.opened += src.opened
-            out.closed += src.closed
-            out.rtt_sum_us += src.rtt_sum_us
-            out.rtt_count += src.rtt_count
-            out.rtt_slots = [a + b for a, b in zip(out.rtt_slots, src.rtt_slots, strict=True)]
+        out.add(self)
+        out.add(other)
         return out
 
     def record(self, key: Key) -> PodNetwork:
@@ -107,6 +93,27 @@ class _Totals:
             rtt_sum_seconds=self.rtt_sum_us / 1e6,
             rtt_count=self.rtt_count,
         )
+
+
+def by_cgroup(raw: RawCounters) -> dict[int, _Totals]:
+    """One pass over each map's entries, grouped by cgroup id."""
+    out: dict[int, _Totals] = defaultdict(_Totals)
+    for (cgroup, proto, direction), (nbytes, ncalls) in raw.traffic.items():
+        totals = out[cgroup]
+        key = (PROTOCOLS[proto], DIRECTIONS[direction])
+        totals.bytes[key] += nbytes
+        totals.calls[key] += ncalls
+    for cgroup, (opened, closed, retransmits, rtt_sum_us, rtt_count) in raw.tcp.items():
+        totals = out[cgroup]
+        totals.opened += opened
+        totals.closed += closed
+        totals.retransmits += retransmits
+        totals.rtt_sum_us += rtt_sum_us
+        totals.rtt_count += rtt_count
+    for (cgroup, slot), count in raw.rtt.items():
+        if 0 <= slot < RTT_SLOTS:
+            out[cgroup].rtt_slots[slot] += count
+    return out
 
 
 class NetSource:
@@ -158,10 +165,10 @@ class NetSource:
         raw = self._prune(raw)
 
         live: dict[Key, _Totals] = defaultdict(_Totals)
-        for cgroup in raw.cgroups():
+        for cgroup, totals in by_cgroup(raw).items():
             key = self._key(cgroup)
             if key is not None:  # not resolvable yet: reported once its owner is known
-                live[key].add_cgroup(raw, cgroup)
+                live[key].add(totals)
         pods = []
         for key in sorted(set(live) | set(self._retired)):
             totals = live.get(key, _Totals())
@@ -171,7 +178,7 @@ class NetSource:
             pods=tuple(pods),
             probes=probes.plan.modes(),
             map_full=raw.map_full,
-            map_entries=probes.map_entries(),
+            map_entries=probes.map_entries(raw),
             map_max_entries=probes.map_max_entries(),
         )
 
@@ -217,9 +224,10 @@ class NetSource:
         }
         if not expired:
             return raw
+        grouped = by_cgroup(raw)
         for cgroup in expired:
             key = self._key(cgroup) or HOST  # never resolved: it lived and died between walks
-            self._retired.setdefault(key, _Totals()).add_cgroup(raw, cgroup)
+            self._retired.setdefault(key, _Totals()).add(grouped[cgroup])
         self.probes.delete_cgroups(expired)
         remaining = RawCounters(
             traffic={k: v for k, v in raw.traffic.items() if k[0] not in expired},
