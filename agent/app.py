@@ -84,7 +84,7 @@ class Agent:
             if sources is not None
             else build_sources(config, self.clock, background=background)
         )
-        self.runner = SourceRunner(self.sources)
+        self.runner = SourceRunner(self.sources, clock=self.clock)
         self.registry = CollectorRegistry(auto_describe=False)
         self.collector = GpuscopeCollector(self.runner.collect)
         self.registry.register(self.collector)

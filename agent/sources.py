@@ -16,6 +16,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
+from agent.clock import Clock, SystemClock
+
 log = logging.getLogger("gpuscope.sources")
 
 R_co = TypeVar("R_co", covariant=True)
@@ -80,31 +82,50 @@ class Collection:
         return result.records if result is not None else None
 
 
-class SourceRunner:
-    """Starts, collects from and stops a fixed set of sources, isolating their failures."""
+RETRY_FIRST = 10.0  # seconds before retrying a source that failed to start
+RETRY_MAX = 300.0  # ... doubling up to this
 
-    def __init__(self, sources: Iterable[Source[object]]) -> None:
+
+class SourceRunner:
+    """Starts, collects from and stops a fixed set of sources, isolating their failures.
+
+    A source that failed to start is retried with a backoff (10 s, doubling to 5 min), not on
+    every scrape: starting can be expensive (compiling eBPF programs takes half a second of
+    CPU) and the thing it lacks rarely appears within seconds.
+    """
+
+    def __init__(self, sources: Iterable[Source[object]], clock: Clock | None = None) -> None:
         self._sources = list(sources)
+        self._clock = clock or SystemClock()
         self._lock = threading.Lock()
         self._started: set[str] = set()
         self._last_error: dict[str, str | None] = {}
+        self._start_failure: dict[str, tuple[str, float, float]] = {}  # error, retry at, delay
 
     @property
     def names(self) -> list[str]:
         return [s.name for s in self._sources]
 
     def start(self) -> None:
-        """Start every source; a source that fails to start is retried on each collection."""
+        """Start every source; one that fails is retried by later collections, with backoff."""
         for source in self._sources:
             self._try_start(source)
 
     def _try_start(self, source: Source[object]) -> str | None:
         if source.name in self._started:
             return None
+        now = self._clock.monotonic()
+        failed = self._start_failure.get(source.name)
+        if failed is not None and now < failed[1]:
+            return failed[0]  # not yet time to retry
         try:
             source.start()
         except Exception as exc:  # noqa: BLE001 - any failure must stay inside the source
-            return _describe(exc)
+            error = _describe(exc)
+            delay = min(RETRY_MAX, failed[2] * 2) if failed else RETRY_FIRST
+            self._start_failure[source.name] = (error, now + delay, delay)
+            return error
+        self._start_failure.pop(source.name, None)
         self._started.add(source.name)
         return None
 

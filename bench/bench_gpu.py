@@ -57,7 +57,7 @@ def bench_in_process(state: Path, renders: int) -> dict[str, float]:
     for gpu in range(8):
         fake.set_utilization_pattern(gpu, [(1.0, 90, 50), (0.5, 10, 5)])
     fake.activate()
-    agent = Agent(parse(["--listen", ":0"], env={}), background=False)
+    agent = Agent(parse(["--listen", ":0", "--collectors", "gpu"], env={}), background=False)
     agent.start()
     gpu_source = agent.source("gpu")
     assert isinstance(gpu_source, GpuSource) and gpu_source.sampler is not None
