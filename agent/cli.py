@@ -21,8 +21,13 @@ EXIT_RUNTIME = 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["labels"]:
+        from agent.labels_cli import labels_main
+
+        return labels_main(args[1:])
     try:
-        config = parse(argv)
+        config = parse(args)
     except ConfigError as exc:
         print(f"gpuscope: {exc}", file=sys.stderr)
         return EXIT_USAGE

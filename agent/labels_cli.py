@@ -1,0 +1,65 @@
+"""`gpuscope labels`: print the node labels the agent would publish, without an API server.
+
+Users run it on a node to see what a scheduler will see. It starts the GPU source once,
+reads every GPU, and prints a table (default) or JSON (`--output json`).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+
+from agent import logs
+from agent.config import ConfigError, parse
+from agent.gpu.records import GpuSnapshot
+from agent.gpu.source import GpuConfig, GpuSource
+from agent.sources import SourceUnavailable
+from exporters.labels.gpu import check, gpu_labels
+
+
+def labels_main(argv: Sequence[str]) -> int:
+    args = list(argv)
+    output, prefix = "table", "gpuscope.io/"
+    for flag in ("--output", "--label-prefix"):
+        while flag in args:
+            i = args.index(flag)
+            if i + 1 >= len(args):
+                print(f"gpuscope labels: {flag} needs a value", file=sys.stderr)
+                return 2
+            if flag == "--output":
+                output = args[i + 1]
+            else:
+                prefix = args[i + 1]
+            del args[i : i + 2]
+    if output not in ("table", "json"):
+        print(f"gpuscope labels: --output: expected table or json, got {output!r}", file=sys.stderr)
+        return 2
+    if prefix and not prefix.endswith("/"):
+        prefix += "/"
+    try:
+        config = parse(["--collectors", "gpu", *args])
+    except ConfigError as exc:
+        print(f"gpuscope labels: {exc}", file=sys.stderr)
+        return 2
+    logs.setup(config.log_format, "warning")
+
+    source = GpuSource(GpuConfig(sysfs=config.sysfs, background=False))
+    snapshot: GpuSnapshot | None = None
+    try:
+        source.start()
+        snapshot = source.collect()
+    except SourceUnavailable as exc:
+        print(f"gpuscope labels: no GPUs readable: {exc}", file=sys.stderr)
+    finally:
+        source.stop()
+
+    labels = gpu_labels(snapshot, prefix)
+    check(labels)
+    if output == "json":
+        print(json.dumps({"labels": labels}, indent=2, sort_keys=True))
+    else:
+        width = max(len(k) for k in labels)
+        for key in sorted(labels):
+            print(f"{key:<{width}}  {labels[key]}")
+    return 0

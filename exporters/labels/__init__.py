@@ -1,0 +1,1 @@
+"""Node labels for schedulers, computed from the same records the metrics come from."""

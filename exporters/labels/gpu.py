@@ -1,0 +1,127 @@
+"""GPU node labels (prefix `gpuscope.io/` by default), from a `GpuSnapshot`.
+
+What a scheduler can select on: presence and count, product (with per-model counts on
+mixed nodes instead of a value that flaps between models), memory in MiB as an integer so
+`Gt`/`Lt` node affinity works, family and compute capability, driver and CUDA versions, MIG
+capability and mode, NVLink links, NUMA span, and how many GPUs are healthy enough to place
+work on. On a mixed node every numeric capability is the minimum across GPUs: a pod that
+requires `gpu.memory Gt 40000` must fit on whichever GPU it gets.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+
+from agent.gpu.records import GpuReading, GpuSnapshot
+from exporters.labels.values import MAX_LENGTH, is_valid_value, label_value
+
+MIB = 1024 * 1024
+
+# XIDs that mean the GPU needs attention before it runs more work (NVIDIA's XID catalog:
+# memory errors, fallen off the bus, NVLink, uncontained ECC, GSP errors).
+CRITICAL_XIDS = frozenset({48, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140})
+
+FAMILIES: tuple[tuple[tuple[int, int], str], ...] = (
+    ((12, 0), "blackwell"),
+    ((10, 0), "blackwell"),
+    ((9, 0), "hopper"),
+    ((8, 9), "ada-lovelace"),
+    ((8, 0), "ampere"),
+    ((7, 5), "turing"),
+    ((7, 0), "volta"),
+    ((6, 0), "pascal"),
+    ((5, 0), "maxwell"),
+    ((3, 0), "kepler"),
+)
+
+
+def family(major: int, minor: int) -> str:
+    for (fmajor, fminor), name in FAMILIES:
+        if (major, minor) >= (fmajor, fminor):
+            return name
+    return "unknown"
+
+
+def healthy(reading: GpuReading) -> bool:
+    """Up, no row remap pending or failed, no critical XID since the agent started."""
+    return (
+        reading.up
+        and not reading.row_remap_pending
+        and not reading.row_remap_failure
+        and not any(xid in CRITICAL_XIDS for xid in reading.xid_errors)
+    )
+
+
+def _version(text: str) -> tuple[str, str] | None:
+    parts = text.split(".")
+    if len(parts) < 2 or not parts[0].isdigit() or not parts[1].isdigit():
+        return None
+    return str(int(parts[0])), str(int(parts[1]))
+
+
+def gpu_labels(snapshot: GpuSnapshot | None, prefix: str = "gpuscope.io/") -> dict[str, str]:
+    """The label set; `snapshot` None (no NVML) gives `gpu.present=false` alone."""
+    p = prefix
+    if snapshot is None or not snapshot.gpus:
+        return {f"{p}gpu.present": "false"}
+    gpus = snapshot.gpus
+    known = [g for g in gpus if g.identity.model]
+    labels: dict[str, str] = {
+        f"{p}gpu.present": "true",
+        f"{p}gpu.count": str(len(gpus)),
+        f"{p}gpu.healthy": str(sum(1 for g in gpus if healthy(g))),
+    }
+    models = Counter(g.identity.model for g in known)
+    if len(models) == 1:
+        labels[f"{p}gpu.product"] = label_value(next(iter(models)))
+    elif len(models) > 1:
+        labels[f"{p}gpu.product"] = "mixed"
+        for model, count in sorted(models.items()):
+            name = label_value(model, MAX_LENGTH - len("gpu.model."))
+            labels[f"{p}gpu.model.{name}"] = str(count)
+
+    memories = [g.memory_total_bytes for g in gpus if g.memory_total_bytes]
+    if memories:
+        labels[f"{p}gpu.memory"] = str(min(memories) // MIB)
+
+    capabilities = sorted(
+        (int(major), int(minor))
+        for g in known
+        if g.identity.compute_capability
+        for major, _, minor in [g.identity.compute_capability.partition(".")]
+        if major.isdigit() and minor.isdigit()
+    )
+    if capabilities:
+        major, minor = capabilities[0]
+        labels[f"{p}gpu.family"] = family(major, minor)
+        labels[f"{p}gpu.compute.major"] = str(major)
+        labels[f"{p}gpu.compute.minor"] = str(minor)
+
+    for name, text in (("gpu.driver", snapshot.driver_version),
+                       ("cuda.driver", snapshot.cuda_driver_version)):  # fmt: skip
+        version = _version(text)
+        if version:
+            labels[f"{p}{name}.major"], labels[f"{p}{name}.minor"] = version
+
+    modes = [g.mig_mode for g in gpus if g.mig_mode is not None]
+    capable = len(modes) == len(gpus)  # every GPU: a pod may land on any of them
+    labels[f"{p}gpu.mig.capable"] = "true" if capable else "false"
+    if modes:
+        distinct = set(modes)
+        labels[f"{p}gpu.mig.mode"] = distinct.pop() if len(distinct) == 1 else "mixed"
+
+    links = [sum(1 for link in g.nvlinks if link.up) for g in gpus if g.up]
+    labels[f"{p}gpu.nvlink.links"] = str(min(links)) if links else "0"
+    numa = {g.identity.numa_node for g in gpus if g.identity.numa_node is not None}
+    if numa:
+        labels[f"{p}gpu.numa-nodes"] = str(len(numa))
+    return labels
+
+
+def check(labels: Mapping[str, str]) -> None:
+    """Raise if any key or value is not a valid Kubernetes label (a bug, not bad input)."""
+    for key, value in labels.items():
+        _, _, name = key.rpartition("/")
+        if len(name) > 63 or not is_valid_value(name) or not is_valid_value(value):
+            raise ValueError(f"invalid label {key}={value}")

@@ -1,0 +1,43 @@
+"""Making any string a valid Kubernetes label value (and label name segment).
+
+A label value is at most 63 characters of `[A-Za-z0-9._-]`, beginning and ending with an
+alphanumeric character. NVML product names ("NVIDIA H100 80GB HBM3") need sanitizing the
+way GPU Feature Discovery does (spaces to `-`, other characters dropped); a value that is
+still too long keeps a readable prefix and ends in a short hash of the whole, so two long
+names never collide and the same name always gives the same value.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+MAX_LENGTH = 63
+HASH_LENGTH = 8
+_INVALID = re.compile(r"[^A-Za-z0-9._-]")
+_EDGES = re.compile(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$")
+
+
+def sanitize(text: str) -> str:
+    """GFD's rule: spaces become `-`, anything outside `[A-Za-z0-9._-]` is removed."""
+    return _INVALID.sub("", text.strip().replace(" ", "-"))
+
+
+def label_value(text: str, max_length: int = MAX_LENGTH) -> str:
+    """A valid label value for `text` (possibly empty), deterministic and collision-resistant.
+
+    `max_length` is smaller when the result becomes part of a label *name* segment, which
+    shares the same 63 characters with what precedes it.
+    """
+    value = _EDGES.sub("", sanitize(text))
+    if len(value) <= max_length:
+        return value
+    digest = hashlib.sha256(text.encode()).hexdigest()[:HASH_LENGTH]
+    prefix = _EDGES.sub("", value[: max_length - HASH_LENGTH - 1])
+    return f"{prefix}-{digest}"
+
+
+def is_valid_value(value: str) -> bool:
+    return len(value) <= MAX_LENGTH and (
+        value == "" or re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", value) is not None
+    )
