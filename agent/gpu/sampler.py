@@ -137,7 +137,6 @@ class Sampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._tick_lock = threading.Lock()
-        self.ticks = 0
 
     def set_devices(self, devices: Sequence[Device]) -> None:
         with self._tick_lock:
@@ -189,7 +188,6 @@ class Sampler:
                     log.exception("sampling GPU %d failed", device.identity.index)
                 published[uuid] = _integrals(state)
             self._published = MappingProxyType(published)
-            self.ticks += 1
 
     def _sample(self, device: Device, state: _GpuState, now: float, wall: float) -> None:
         nvml, h = self._nvml, device.handle

@@ -13,7 +13,7 @@ from exporters.prometheus.catalog_net import NET_METRICS
 from exporters.prometheus.catalog_nic import NIC_METRICS, RDMA_METRICS
 from exporters.prometheus.spec import MetricSpec
 
-__all__ = ["BY_NAME", "METRICS", "ORDER", "MetricSpec", "spec"]
+__all__ = ["BY_NAME", "METRICS", "ORDER", "MetricSpec"]
 
 AGENT_METRICS: tuple[MetricSpec, ...] = (
     # --- the agent itself -------------------------------------------------------------------
@@ -54,6 +54,3 @@ METRICS: tuple[MetricSpec, ...] = (
 BY_NAME: dict[str, MetricSpec] = {m.name: m for m in METRICS}
 ORDER: dict[str, int] = {m.name: i for i, m in enumerate(METRICS)}
 
-
-def spec(name: str) -> MetricSpec:
-    return BY_NAME[name]

@@ -69,9 +69,6 @@ class Families:
     def _ordered(self) -> list[str]:
         return sorted({*self._samples, *self._histograms}, key=ORDER.__getitem__)
 
-    def names(self) -> set[str]:
-        return {*self._samples, *self._histograms}
-
     def metrics(self) -> Iterator[Metric]:
         """prometheus_client metric families, for the registry (and OpenMetrics)."""
         for name in self._ordered():
