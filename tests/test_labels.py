@@ -16,6 +16,7 @@ from exporters.labels.gpu import check, gpu_labels
 from exporters.labels.values import is_valid_value, label_value
 from tests.conftest import GPUSCOPE, REPO
 from tests.fakenvml.control import FakeNvml
+from tests.fixtures.make_sysfs import write_tree
 
 GOLDEN = Path(__file__).parent / "golden" / "labels"
 PROFILES = ["dgx-h100", "hgx-a100-mig", "pcie-l40s", "mixed"]
@@ -124,12 +125,26 @@ def test_gpuscope_labels_prints_json_without_an_api_server(fake_lib, tmp_path: P
     assert labels["example.com/gpu.count"] == "8"
 
 
+def test_nic_affinity_and_rdma_on_the_dgx_sysfs_tree(fake_lib, tmp_path: Path) -> None:
+    sysfs = write_tree(tmp_path / "sys")
+    fake = FakeNvml("dgx-h100", tmp_path / "state", now=1_767_225_600.0)
+    result = subprocess.run(
+        [*GPUSCOPE, "labels", "--output", "json", "--sysfs", str(sysfs)],
+        cwd=REPO, env=os.environ | fake.env(), capture_output=True, text=True, timeout=60,
+        check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    labels = json.loads(result.stdout)["labels"]
+    assert labels["gpuscope.io/rdma.present"] == "true"
+    assert labels["gpuscope.io/gpu.nic-affinity"] == "pix"  # a ConnectX-7 per GPU switch
+
+
 def test_gpuscope_labels_table_and_no_driver(tmp_path: Path) -> None:
     env = os.environ | {"LD_LIBRARY_PATH": "/nonexistent"}
     env.pop("FAKENVML_STATE", None)
     result = subprocess.run(
-        [*GPUSCOPE, "labels"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
-        check=False,
+        [*GPUSCOPE, "labels", "--sysfs", str(tmp_path)], cwd=REPO, env=env,
+        capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert result.returncode == 0
     assert result.stdout.split() == ["gpuscope.io/gpu.present", "false"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from agent.gpu.records import GpuReading, GpuSnapshot
 from exporters.labels.values import MAX_LENGTH, is_valid_value, label_value
@@ -34,6 +35,14 @@ FAMILIES: tuple[tuple[tuple[int, int], str], ...] = (
     ((5, 0), "maxwell"),
     ((3, 0), "kepler"),
 )
+
+
+@dataclass(frozen=True, slots=True)
+class NetworkPlacement:
+    """Where the node's RDMA NICs sit relative to its GPUs (computed by the agent)."""
+
+    rdma_present: bool
+    nic_affinity: str  # pix | pxb | phb | node | sys | none
 
 
 def family(major: int, minor: int) -> str:
@@ -60,11 +69,21 @@ def _version(text: str) -> tuple[str, str] | None:
     return str(int(parts[0])), str(int(parts[1]))
 
 
-def gpu_labels(snapshot: GpuSnapshot | None, prefix: str = "gpuscope.io/") -> dict[str, str]:
+def gpu_labels(
+    snapshot: GpuSnapshot | None,
+    prefix: str = "gpuscope.io/",
+    *,
+    network: NetworkPlacement | None = None,
+) -> dict[str, str]:
     """The label set; `snapshot` None (no NVML) gives `gpu.present=false` alone."""
     p = prefix
+    net: dict[str, str] = {}
+    if network is not None:
+        net[f"{p}rdma.present"] = "true" if network.rdma_present else "false"
+        if snapshot is not None and snapshot.gpus:
+            net[f"{p}gpu.nic-affinity"] = network.nic_affinity
     if snapshot is None or not snapshot.gpus:
-        return {f"{p}gpu.present": "false"}
+        return {f"{p}gpu.present": "false", **net}
     gpus = snapshot.gpus
     known = [g for g in gpus if g.identity.model]
     labels: dict[str, str] = {
@@ -116,6 +135,7 @@ def gpu_labels(snapshot: GpuSnapshot | None, prefix: str = "gpuscope.io/") -> di
     numa = {g.identity.numa_node for g in gpus if g.identity.numa_node is not None}
     if numa:
         labels[f"{p}gpu.numa-nodes"] = str(len(numa))
+    labels.update(net)
     return labels
 
 
