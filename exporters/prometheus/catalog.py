@@ -53,4 +53,3 @@ METRICS: tuple[MetricSpec, ...] = (
 
 BY_NAME: dict[str, MetricSpec] = {m.name: m for m in METRICS}
 ORDER: dict[str, int] = {m.name: i for i, m in enumerate(METRICS)}
-

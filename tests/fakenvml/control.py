@@ -46,6 +46,15 @@ _ARCHITECTURES = {"kepler": 2, "maxwell": 3, "pascal": 4, "volta": 5, "turing": 
 _BRANDS = {"unknown": 0, "quadro": 1, "tesla": 2, "nvs": 3, "geforce": 5, "titan": 6,
            "quadro_rtx": 12, "nvidia_rtx": 13, "nvidia": 14}  # fmt: skip
 _NVLINK_ERROR_KINDS = ("crc_flit", "crc_data", "replay", "recovery")
+# nvmlNvLinkCapability_t bit positions; the default is what NVLink GPUs on x86 hosts report.
+_NVLINK_CAPABILITIES = {"p2p_supported": 0, "sysmem_access": 1, "p2p_atomics": 2,
+                        "sysmem_atomics": 3, "sli_bridge": 4, "valid": 5}  # fmt: skip
+_DEFAULT_NVLINK_CAPABILITIES = ("p2p_supported", "p2p_atomics", "valid")
+NVLINK_DEVICE_TYPE_GPU = 0
+NVLINK_DEVICE_TYPE_SWITCH = 2
+_FABRIC_STATES = {"not_supported": 0, "not_started": 1, "in_progress": 2, "completed": 3}
+_FABRIC_HEALTH_SUMMARIES = {"not_supported": 0, "healthy": 1, "unhealthy": 2,
+                            "limited_capacity": 3}  # fmt: skip
 
 _build_lock = threading.Lock()
 _loaded_lib: ctypes.CDLL | None = None
@@ -84,7 +93,11 @@ def list_profiles() -> list[str]:
 
 
 def load_profile(name: str) -> dict[str, Any]:
-    """The profile ``name`` with each GPU's model attributes merged in (GPU keys win)."""
+    """The profile ``name`` with each GPU's model attributes merged in (GPU keys win).
+
+    The profile-level ``fabric`` and ``nvlink_remote`` are defaults for every GPU
+    (``nvlink_remote`` only for GPUs whose model has NVLink).
+    """
     path = PROFILES_DIR / f"{name}.json"
     if not path.exists():
         raise ValueError(f"unknown fakenvml profile {name!r}; known: {list_profiles()}")
@@ -92,9 +105,15 @@ def load_profile(name: str) -> dict[str, Any]:
     models: dict[str, Any] = json.loads(MODELS_PATH.read_text())
     models.update(profile.get("models", {}))
     gpus = []
+    defaults: dict[str, Any] = {}
+    if "fabric" in profile:
+        defaults["fabric"] = profile["fabric"]
     for entry in profile["gpus"]:
         model = models[entry["model"]]
-        gpus.append({**model, **entry})
+        gpu = {**defaults, **model, **entry}
+        if "nvlink_remote" in profile and gpu.get("nvlink") and "nvlink_remote" not in entry:
+            gpu["nvlink_remote"] = profile["nvlink_remote"]
+        gpus.append(gpu)
     profile["gpus"] = gpus
     return profile
 
@@ -268,9 +287,118 @@ def _gpu_attrs(index: int, g: dict[str, Any]) -> dict[str, int | float | str]:
         "event_types": int(g.get("supported_event_types", 0x1F)),
         "lost": 0,
     }
+    attrs.update(_topology_attrs(g))
+    attrs.update(_fabric_attrs(g.get("fabric")))
     if attrs["mig_mode"] and not mig:
         raise ValueError(f"GPU {index} ({g['name']}) is not MIG-capable")
     return attrs
+
+
+def _topology_attrs(g: dict[str, Any]) -> dict[str, int | float | str]:
+    """PCIe topology (host bridge, switch chain) and NVLink capabilities as state keys."""
+    attrs: dict[str, int | float | str] = {}
+    topo = g.get("topology")
+    if topo:
+        switches = list(topo.get("switches", ()))
+        for name in (topo["host_bridge"], *switches):
+            if not name or any(c.isspace() for c in name) or name == "-" or len(name) > 63:
+                raise ValueError(f"bad topology name {name!r} on {g['uuid']}")
+        if len(switches) > 8 or len(" ".join(switches)) > 255:  # the C library's limits
+            raise ValueError(f"too many PCIe switches above {g['uuid']}")
+        attrs["topo_host_bridge"] = topo["host_bridge"]
+        attrs["topo_switches"] = " ".join(switches) or "-"
+    caps = (g.get("nvlink") or {}).get("capabilities", _DEFAULT_NVLINK_CAPABILITIES)
+    attrs["nvlink_caps"] = sum(1 << _NVLINK_CAPABILITIES[c] for c in set(caps))
+    return attrs
+
+
+def _fabric_uuid_hex(uuid: str) -> str:
+    digits = uuid.replace("-", "").lower()
+    if len(digits) != 32 or any(c not in "0123456789abcdef" for c in digits):
+        raise ValueError(f"fabric cluster_uuid must be 16 bytes of hex, got {uuid!r}")
+    return digits
+
+
+def _fabric_attrs(fabric: dict[str, Any] | None) -> dict[str, int | float | str]:
+    """GPU fabric (multi-node NVLink) info as state keys; None = NOT_SUPPORTED."""
+    if not fabric:
+        return {"fabric": 0}
+    return {
+        "fabric": 1,
+        "fabric_cluster_uuid": _fabric_uuid_hex(fabric["cluster_uuid"]),
+        "fabric_clique": int(fabric["clique_id"]),
+        "fabric_state": _FABRIC_STATES[fabric.get("state", "completed")],
+        "fabric_status": int(fabric.get("status", 0)),
+        "fabric_health_mask": int(fabric.get("health_mask", 0)),
+        "fabric_health_summary": _FABRIC_HEALTH_SUMMARIES[fabric.get("health_summary", "healthy")],
+    }
+
+
+def _parse_cpulist(text: str) -> list[tuple[int, int]]:
+    """Parse a CPU list such as 0-55,112-167 into ranges (the C library parses the text)."""
+    ranges = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        a, b = int(lo), int(hi or lo)
+        if not 0 <= a <= b:
+            raise ValueError(f"bad CPU list {text!r}")
+        ranges.append((a, b))
+    return ranges
+
+
+@dataclass(frozen=True)
+class _Remote:
+    """The far end of one NVLink: an NVSwitch or a GPU (pci_bus_id None: not a PCI device)."""
+
+    device_type: int
+    pci_bus_id: str | None
+    pci_device_id: int
+    pci_subsystem_id: int
+    name: str
+
+    def line(self, gpu: int, link: int) -> str:
+        return (
+            f"nvr {gpu} {link} {self.device_type} {self.pci_bus_id or '-'}"
+            f" {self.pci_device_id} {self.pci_subsystem_id}"
+        )
+
+
+def _nvlink_remotes(profile: dict[str, Any]) -> list[list[_Remote]]:
+    """Per GPU, the remote end of each link, from ``nvlink_remote`` and ``nvswitches``."""
+    switches = profile.get("nvswitches", [])
+    result: list[list[_Remote]] = []
+    for i, g in enumerate(profile["gpus"]):
+        remotes: list[_Remote] = []
+        for entry in g.get("nvlink_remote", []) if g.get("nvlink") else []:
+            if "nvswitch" in entry:
+                sw = switches[int(entry["nvswitch"])]
+                remote = _Remote(
+                    NVLINK_DEVICE_TYPE_SWITCH,
+                    sw.get("pci_bus_id"),
+                    _hex_or_int(sw.get("pci_device_id", 0)),
+                    _hex_or_int(sw.get("pci_subsystem_id", 0)),
+                    sw.get("name", f"nvswitch{entry['nvswitch']}"),
+                )
+            else:
+                peer_index = int(entry["gpu"])
+                if peer_index == i:
+                    raise ValueError(f"GPU {i}: an NVLink cannot loop back to its own GPU")
+                peer = profile["gpus"][peer_index]
+                remote = _Remote(
+                    NVLINK_DEVICE_TYPE_GPU,
+                    peer["pci_bus_id"],
+                    _hex_or_int(peer["pci_device_id"]),
+                    _hex_or_int(peer["pci_subsystem_id"]),
+                    f"gpu{peer_index}",
+                )
+            remotes.extend([remote] * int(entry["links"]))
+        if remotes and len(remotes) != int(g["nvlink"]["links"]):
+            raise ValueError(
+                f"GPU {i}: nvlink_remote covers {len(remotes)} links, the model has "
+                f"{g['nvlink']['links']}"
+            )
+        result.append(remotes)
+    return result
 
 
 class FakeNvml:
@@ -307,6 +435,12 @@ class FakeNvml:
                     )
                 )
             self._gpus.append(gpu)
+        self._nvlink_remotes = _nvlink_remotes(self.profile)
+        self._numa_cpus = {
+            int(node): str(cpus) for node, cpus in self.profile.get("numa_cpus", {}).items()
+        }
+        for cpus in self._numa_cpus.values():
+            _parse_cpulist(cpus)
         self._write()
 
     # ---- process environment -------------------------------------------------
@@ -403,6 +537,8 @@ class FakeNvml:
         yield f"nvml {p['nvml_version']}"
         yield f"cuda {int(p['cuda_driver_version'])}"
         yield f"seq {self._seq}"
+        for node, cpus in sorted(self._numa_cpus.items()):
+            yield f"numa {node} {cpus}"
         yield f"gpus {len(self._gpus)}"
         for i, gpu in enumerate(self._gpus):
             for key, value in gpu.attrs.items():
@@ -410,6 +546,8 @@ class FakeNvml:
                 yield f"g {i} {key} {text}"
             for link, counts in sorted(gpu.link_errors.items()):
                 yield f"link {i} {link} {' '.join(str(c) for c in counts)}"
+            for link, remote in enumerate(self._nvlink_remotes[i]):
+                yield remote.line(i, link)
             for entry in gpu.util:
                 yield entry.line(i)
             for start, watts in gpu.power:
@@ -475,6 +613,34 @@ class FakeNvml:
 
     def gpu_uuid(self, gpu: int) -> str:
         return str(self._gpu(gpu).attrs["uuid"])
+
+    def topology(self, gpu: int) -> dict[str, Any] | None:
+        """The GPU's PCIe placement from the profile (host_bridge, root_port, switches, nics)."""
+        self._gpu(gpu)
+        topo = self.profile["gpus"][gpu].get("topology")
+        return dict(topo) if topo else None
+
+    def nvlink_remote(self, gpu: int) -> list[dict[str, Any]]:
+        """Per link, the far end: device_type (0 GPU, 2 NVSwitch), pci_bus_id (None when
+        it is not a PCI device of this node), pci_device_id, pci_subsystem_id, name."""
+        self._gpu(gpu)
+        return [
+            {
+                "device_type": r.device_type,
+                "pci_bus_id": r.pci_bus_id,
+                "pci_device_id": r.pci_device_id,
+                "pci_subsystem_id": r.pci_subsystem_id,
+                "name": r.name,
+            }
+            for r in self._nvlink_remotes[gpu]
+        ]
+
+    def numa_cpus(self) -> dict[int, list[int]]:
+        """CPUs of each NUMA node (from the profile's ``numa_cpus``)."""
+        return {
+            node: [c for a, b in _parse_cpulist(text) for c in range(a, b + 1)]
+            for node, text in sorted(self._numa_cpus.items())
+        }
 
     def mig_devices(self, gpu: int) -> list[dict[str, Any]]:
         """MIG devices of a GPU in NVML index order."""
@@ -606,6 +772,31 @@ class FakeNvml:
     def restore_gpu(self, gpu: int) -> None:
         with self._lock:
             self._gpu(gpu).attrs["lost"] = 0
+            self._commit()
+
+    def set_fabric(
+        self,
+        gpu: int,
+        *,
+        state: str | None = None,
+        status: int | None = None,
+        health_mask: int | None = None,
+        health_summary: str | None = None,
+    ) -> None:
+        """Change a fabric-attached GPU's fabric state (``not_started|in_progress|completed``),
+        status (an NVML return code), health mask or summary; None leaves a value unchanged."""
+        with self._lock:
+            a = self._gpu(gpu).attrs
+            if not a["fabric"]:
+                raise ValueError(f"GPU {gpu} ({a['name']}) has no GPU fabric in this profile")
+            if state is not None:
+                a["fabric_state"] = _FABRIC_STATES[state]
+            if status is not None:
+                a["fabric_status"] = int(status)
+            if health_mask is not None:
+                a["fabric_health_mask"] = int(health_mask)
+            if health_summary is not None:
+                a["fabric_health_summary"] = _FABRIC_HEALTH_SUMMARIES[health_summary]
             self._commit()
 
     def _check_link(self, g: _Gpu, link: int) -> None:

@@ -24,8 +24,8 @@
  *   4. Model math (utilization integrals, power, energy, link counters)
  *   5. Library lifecycle, handles, locking
  *   6. API: system / identity / power+thermal / utilization / PCIe / NVLink +
- *      field values / memory + ECC / events / processes / MIG
- * Room is left (section 6, "topology") for topology and fabric queries.
+ *      field values / memory + ECC / events / processes / MIG / topology
+ *      (PCIe common ancestor, NVLink remote ends, GPU fabric)
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -93,6 +93,10 @@ typedef unsigned int nvmlPcieUtilCounter_t;
 typedef unsigned int nvmlMemoryErrorType_t;
 typedef unsigned int nvmlEccCounterType_t;
 typedef unsigned int nvmlDeviceArchitecture_t;
+typedef unsigned int nvmlGpuTopologyLevel_t;
+typedef unsigned int nvmlIntNvLinkDeviceType_t;
+typedef unsigned int nvmlNvLinkCapability_t;
+typedef unsigned int nvmlGpuFabricState_t; /* unsigned char in nvml.h; c_uint in pynvml */
 
 #define NVML_TEMPERATURE_GPU 0u
 #define NVML_CLOCK_GRAPHICS 0u
@@ -122,6 +126,24 @@ typedef unsigned int nvmlDeviceArchitecture_t;
 #define NVML_NVLINK_STATE_INACTIVE 0u
 #define NVML_NVLINK_STATE_ACTIVE 1u
 
+#define NVML_NVLINK_DEVICE_TYPE_GPU 0x00u
+#define NVML_NVLINK_DEVICE_TYPE_IBMNPU 0x01u
+#define NVML_NVLINK_DEVICE_TYPE_SWITCH 0x02u
+#define NVML_NVLINK_DEVICE_TYPE_UNKNOWN 0xFFu
+#define NVML_NVLINK_CAP_P2P_SUPPORTED 0u
+#define NVML_NVLINK_CAP_P2P_ATOMICS 2u
+#define NVML_NVLINK_CAP_VALID 5u
+#define NVML_NVLINK_CAP_COUNT 6u
+
+#define NVML_TOPOLOGY_INTERNAL 0u
+#define NVML_TOPOLOGY_SINGLE 10u
+#define NVML_TOPOLOGY_MULTIPLE 20u
+#define NVML_TOPOLOGY_HOSTBRIDGE 30u
+#define NVML_TOPOLOGY_NODE 40u
+#define NVML_TOPOLOGY_SYSTEM 50u
+
+#define NVML_GPU_FABRIC_UUID_LEN 16
+
 #define NVML_DEVICE_MIG_DISABLE 0u
 #define NVML_DEVICE_MIG_ENABLE 1u
 
@@ -131,6 +153,8 @@ typedef unsigned int nvmlDeviceArchitecture_t;
 
 #define NVML_STRUCT_VERSION(size, ver) ((unsigned int)(size) | ((unsigned int)(ver) << 24))
 #define nvmlMemory_v2 NVML_STRUCT_VERSION(sizeof(nvmlMemory_v2_t), 2)
+#define nvmlGpuFabricInfo_v2 NVML_STRUCT_VERSION(sizeof(nvmlGpuFabricInfo_v2_t), 2)
+#define nvmlGpuFabricInfo_v3 NVML_STRUCT_VERSION(sizeof(nvmlGpuFabricInfo_v3_t), 3)
 
 #define NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE 32
 #define NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE 16
@@ -267,6 +291,34 @@ typedef struct nvmlProcessUtilizationSample_st {
     unsigned int decUtil;
 } nvmlProcessUtilizationSample_t;
 
+/* nvmlDeviceGetGpuFabricInfo (deprecated, unversioned). */
+typedef struct nvmlGpuFabricInfo_st {
+    unsigned char clusterUuid[NVML_GPU_FABRIC_UUID_LEN];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    nvmlGpuFabricState_t state;
+} nvmlGpuFabricInfo_t;
+
+/* nvmlDeviceGetGpuFabricInfoV: v2 (== nvmlGpuFabricInfoV_t in pynvml) and v3. */
+typedef struct nvmlGpuFabricInfo_v2_st {
+    unsigned int version;
+    unsigned char clusterUuid[NVML_GPU_FABRIC_UUID_LEN];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    nvmlGpuFabricState_t state;
+    unsigned int healthMask;
+} nvmlGpuFabricInfo_v2_t;
+
+typedef struct nvmlGpuFabricInfo_v3_st {
+    unsigned int version;
+    unsigned char clusterUuid[NVML_GPU_FABRIC_UUID_LEN];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    nvmlGpuFabricState_t state;
+    unsigned int healthMask;
+    unsigned char healthSummary;
+} nvmlGpuFabricInfo_v3_t;
+
 /* Layouts as pynvml's ctypes mirrors of nvml.h (x86_64 / aarch64 LP64). */
 _Static_assert(sizeof(nvmlValue_t) == 8, "nvmlValue_t");
 _Static_assert(sizeof(nvmlSample_t) == 16, "nvmlSample_t");
@@ -280,6 +332,12 @@ _Static_assert(offsetof(nvmlPciInfo_t, busId) == 36, "nvmlPciInfo_t.busId");
 _Static_assert(sizeof(nvmlEventData_t) == 32, "nvmlEventData_t");
 _Static_assert(sizeof(nvmlProcessInfo_t) == 24, "nvmlProcessInfo_t");
 _Static_assert(sizeof(nvmlProcessUtilizationSample_t) == 32, "nvmlProcessUtilizationSample_t");
+_Static_assert(sizeof(nvmlGpuFabricInfo_t) == 28, "nvmlGpuFabricInfo_t");
+_Static_assert(sizeof(nvmlGpuFabricInfo_v2_t) == 36, "nvmlGpuFabricInfo_v2_t");
+_Static_assert(nvmlGpuFabricInfo_v2 == 0x02000024u, "nvmlGpuFabricInfo_v2");
+_Static_assert(sizeof(nvmlGpuFabricInfo_v3_t) == 40, "nvmlGpuFabricInfo_v3_t");
+_Static_assert(nvmlGpuFabricInfo_v3 == 0x03000028u, "nvmlGpuFabricInfo_v3");
+_Static_assert(offsetof(nvmlGpuFabricInfo_v3_t, healthSummary) == 36, "healthSummary");
 
 /* ======================================================================== */
 /* 2. State model                                                            */
@@ -291,6 +349,9 @@ _Static_assert(sizeof(nvmlProcessUtilizationSample_t) == 32, "nvmlProcessUtiliza
 #define FAKE_MAX_SETS 64
 #define FAKE_MAX_SEGMENTS 4096
 #define FAKE_SAMPLE_RING 120
+#define FAKE_MAX_NUMA 64
+#define FAKE_MAX_CPUS 4096
+#define FAKE_CPU_WORDS (FAKE_MAX_CPUS / 64)
 #define FAKE_STATE_MAGIC "fakenvml-state"
 #define FAKE_STATE_VERSION 1
 
@@ -341,6 +402,15 @@ typedef struct {
     unsigned ci;
 } proc_t;
 
+/* The far end of one NVLink ("nvr" line). */
+typedef struct {
+    unsigned set;                 /* 0: unknown, the remote-end queries are NOT_SUPPORTED */
+    unsigned type;                /* NVML_NVLINK_DEVICE_TYPE_* */
+    unsigned has_pci;             /* 0: not a PCI device of this node (remote PCI info N/S) */
+    unsigned domain, bus, device, function;
+    unsigned pci_device_id, pci_subsystem_id;
+} nvremote_t;
+
 typedef struct {
     unsigned long long seq;
     unsigned gpu;
@@ -387,6 +457,16 @@ typedef struct {
     unsigned nvlink_version;
     double nvlink_kibps;          /* per link, per direction, at 100 % utilization */
     unsigned long long link_err[FAKE_MAX_LINKS][LERR_COUNT];
+    unsigned nvlink_caps;         /* bit i = nvmlNvLinkCapability_t i, the same on every link */
+    nvremote_t nvr[FAKE_MAX_LINKS];
+    /* PCIe topology: "" = unknown (topology queries NOT_SUPPORTED) */
+    char topo_host_bridge[64];
+    char topo_switches[256];      /* switch names, outermost first, space-separated; "-" none */
+    /* GPU fabric (multi-node NVLink) */
+    unsigned fabric;              /* 0: NOT_SUPPORTED */
+    char fabric_cluster_uuid[40]; /* 32 hex digits */
+    unsigned fabric_status, fabric_clique, fabric_state, fabric_health_mask;
+    unsigned fabric_health_summary;
     /* ECC and row remapping */
     unsigned ecc;
     unsigned long long ecc_corr_vol, ecc_unc_vol, ecc_corr_agg, ecc_unc_agg;
@@ -423,6 +503,8 @@ typedef struct {
     event_t *ev;
     int nev, cev;
     unsigned long long max_seq;
+    int has_numa_cpus;
+    unsigned long long numa_cpus[FAKE_MAX_NUMA][FAKE_CPU_WORDS]; /* "numa" lines */
 } state_t;
 
 /* ======================================================================== */
@@ -597,6 +679,16 @@ static const gkey_t gpu_keys[] = {
     GK("mig_max", K_U32, mig_max),
     GK("event_types", K_U64, event_types),
     GK("lost", K_U32, lost),
+    GK("nvlink_caps", K_U32, nvlink_caps),
+    GK("topo_host_bridge", K_STR, topo_host_bridge),
+    GK("topo_switches", K_STR, topo_switches),
+    GK("fabric", K_U32, fabric),
+    GK("fabric_cluster_uuid", K_STR, fabric_cluster_uuid),
+    GK("fabric_status", K_U32, fabric_status),
+    GK("fabric_clique", K_U32, fabric_clique),
+    GK("fabric_state", K_U32, fabric_state),
+    GK("fabric_health_mask", K_U32, fabric_health_mask),
+    GK("fabric_health_summary", K_U32, fabric_health_summary),
 };
 
 static int set_gpu_key(gpu_t *g, const char *key, char *value) {
@@ -645,6 +737,8 @@ static void gpu_defaults(gpu_t *g) {
     g->brand = 14; /* NVML_BRAND_NVIDIA */
     g->arch = 0xFFFFFFFFu;
     g->event_types = 0x1Full;
+    g->nvlink_caps = (1u << NVML_NVLINK_CAP_P2P_SUPPORTED) | (1u << NVML_NVLINK_CAP_P2P_ATOMICS) |
+                     (1u << NVML_NVLINK_CAP_VALID);
 }
 
 /* "u <gpu> <start_us> <repeat> <nseg> (<dur_us> <gpu_pct> <mem_pct>){nseg}" */
@@ -755,6 +849,53 @@ static int parse_proc(state_t *s, char *p) {
     return 0;
 }
 
+/* "nvr <gpu> <link> <type> <bus_id|-> <pci_device_id> <pci_subsystem_id>" */
+static int parse_nvlink_remote(state_t *s, char *p) {
+    unsigned gi, link;
+    char bus_id[NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE];
+    nvremote_t r;
+    memset(&r, 0, sizeof r);
+    if (next_u32(&p, &gi) != 0 || gi >= (unsigned)s->ngpu) return -1;
+    if (next_u32(&p, &link) != 0 || link >= NVML_NVLINK_MAX_LINKS) return -1;
+    if (next_u32(&p, &r.type) != 0 || next_word(&p, bus_id, sizeof bus_id) != 0 ||
+        next_u32(&p, &r.pci_device_id) != 0 || next_u32(&p, &r.pci_subsystem_id) != 0 ||
+        !at_end(p))
+        return -1;
+    if (strcmp(bus_id, "-") != 0) {
+        if (sscanf(bus_id, "%x:%x:%x.%x", &r.domain, &r.bus, &r.device, &r.function) != 4)
+            return -1;
+        r.has_pci = 1;
+    }
+    r.set = 1;
+    s->gpu[gi].nvr[link] = r;
+    return 0;
+}
+
+/* "numa <node> <cpulist>", cpulist as in sysfs: "0-55,112-167" */
+static int parse_numa_cpus(state_t *s, char *p) {
+    unsigned node;
+    if (next_u32(&p, &node) != 0 || node >= FAKE_MAX_NUMA) return -1;
+    p = skip_ws(p);
+    if (*p == '\0') return -1;
+    for (;;) {
+        unsigned lo, hi;
+        if (next_u32(&p, &lo) != 0) return -1;
+        hi = lo;
+        if (*p == '-') {
+            p++;
+            if (next_u32(&p, &hi) != 0) return -1;
+        }
+        if (lo > hi || hi >= FAKE_MAX_CPUS) return -1;
+        for (unsigned cpu = lo; cpu <= hi; cpu++)
+            s->numa_cpus[node][cpu / 64] |= 1ULL << (cpu % 64);
+        if (*p != ',') break;
+        p++;
+    }
+    if (!at_end(p)) return -1;
+    s->has_numa_cpus = 1;
+    return 0;
+}
+
 /* "ev <seq> <gpu> <xid> <gi> <ci>" */
 static int parse_event(state_t *s, char *p) {
     event_t e;
@@ -786,6 +927,8 @@ static int parse_line(state_t *s, char *line, int *seen_end) {
     if (strcmp(kw, "mig") == 0) return parse_mig(s, p);
     if (strcmp(kw, "proc") == 0) return parse_proc(s, p);
     if (strcmp(kw, "ev") == 0) return parse_event(s, p);
+    if (strcmp(kw, "nvr") == 0) return parse_nvlink_remote(s, p);
+    if (strcmp(kw, "numa") == 0) return parse_numa_cpus(s, p);
     if (strcmp(kw, "now") == 0) {
         s->has_now = 1;
         return next_i64(&p, &s->now);
@@ -1481,6 +1624,20 @@ EXPORT nvmlReturn_t nvmlDeviceGetBoardPartNumber(nvmlDevice_t device, char *part
     return leave(r);
 }
 
+static void fill_pci_info(nvmlPciInfo_t *pci, unsigned domain, unsigned bus, unsigned device,
+                          unsigned function, unsigned device_id, unsigned subsystem_id) {
+    memset(pci, 0, sizeof *pci);
+    pci->domain = domain;
+    pci->bus = bus;
+    pci->device = device;
+    pci->pciDeviceId = device_id;
+    pci->pciSubSystemId = subsystem_id;
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:%02X.%X", domain & 0xFFFFu,
+             bus & 0xFFu, device & 0xFFu, function & 0xFu);
+    snprintf(pci->busId, sizeof pci->busId, "%08X:%02X:%02X.%X", domain, bus & 0xFFu,
+             device & 0xFFu, function & 0xFu);
+}
+
 EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci) {
     ctx_t c;
     nvmlReturn_t r = enter_dev(&c, device, 0);
@@ -1489,17 +1646,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *
             r = NVML_ERROR_INVALID_ARGUMENT;
         } else {
             const gpu_t *g = c.g;
-            memset(pci, 0, sizeof *pci);
-            pci->domain = g->pci_domain;
-            pci->bus = g->pci_bus;
-            pci->device = g->pci_device;
-            pci->pciDeviceId = g->pci_device_id;
-            pci->pciSubSystemId = g->pci_subsystem_id;
-            snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:%02X.%X",
-                     g->pci_domain & 0xFFFFu, g->pci_bus & 0xFFu, g->pci_device & 0xFFu,
-                     g->pci_function & 0xFu);
-            snprintf(pci->busId, sizeof pci->busId, "%08X:%02X:%02X.%X", g->pci_domain,
-                     g->pci_bus & 0xFFu, g->pci_device & 0xFFu, g->pci_function & 0xFu);
+            fill_pci_info(pci, g->pci_domain, g->pci_bus, g->pci_device, g->pci_function,
+                          g->pci_device_id, g->pci_subsystem_id);
         }
     }
     return leave(r);
@@ -2363,8 +2511,245 @@ EXPORT nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t mi
     return leave(NVML_SUCCESS);
 }
 
-/* ---- topology and fabric ---------------------------------------------------
- * Reserved for nvmlDeviceGetTopologyCommonAncestor, nvmlDeviceGetNvLinkRemotePciInfo_v2
- * and GPU fabric info: add per-GPU keys to gpu_keys[] (e.g. "nvlink_remote"),
- * a line type to parse_line(), and the entry points here using enter_dev().
+/* ---- topology: PCIe common ancestor, NVLink remote ends, GPU fabric --------
+ * The PCIe tree comes from each GPU's host bridge and chain of PCIe switches
+ * (outermost first) plus its NUMA node; the level between two GPUs is the
+ * first that holds of: same GPU (INTERNAL), same innermost switch (SINGLE),
+ * any switch in common (MULTIPLE), same host bridge (HOSTBRIDGE), same NUMA
+ * node (NODE), else SYSTEM.  A GPU without topology makes them NOT_SUPPORTED.
  */
+
+#define TOPO_MAX_SWITCHES 8
+
+typedef struct {
+    int n;
+    char name[TOPO_MAX_SWITCHES][64];
+} switch_path_t;
+
+static void switch_path(const gpu_t *g, switch_path_t *out) {
+    const char *p = g->topo_switches;
+    out->n = 0;
+    for (;;) {
+        while (*p == ' ') p++;
+        size_t len = strcspn(p, " ");
+        if (len == 0 || out->n >= TOPO_MAX_SWITCHES) return;
+        if (!(len == 1 && p[0] == '-') && len < sizeof out->name[0]) {
+            memcpy(out->name[out->n], p, len);
+            out->name[out->n][len] = '\0';
+            out->n++;
+        }
+        p += len;
+    }
+}
+
+static int has_topology(const gpu_t *g) { return g->topo_host_bridge[0] != '\0'; }
+
+static unsigned topology_level(const state_t *s, unsigned a, unsigned b) {
+    if (a == b) return NVML_TOPOLOGY_INTERNAL;
+    const gpu_t *ga = &s->gpu[a], *gb = &s->gpu[b];
+    switch_path_t pa, pb;
+    switch_path(ga, &pa);
+    switch_path(gb, &pb);
+    if (pa.n > 0 && pb.n > 0 && strcmp(pa.name[pa.n - 1], pb.name[pb.n - 1]) == 0)
+        return NVML_TOPOLOGY_SINGLE;
+    for (int i = 0; i < pa.n; i++)
+        for (int j = 0; j < pb.n; j++)
+            if (strcmp(pa.name[i], pb.name[j]) == 0) return NVML_TOPOLOGY_MULTIPLE;
+    if (strcmp(ga->topo_host_bridge, gb->topo_host_bridge) == 0) return NVML_TOPOLOGY_HOSTBRIDGE;
+    if (ga->numa_node >= 0 && ga->numa_node == gb->numa_node) return NVML_TOPOLOGY_NODE;
+    return NVML_TOPOLOGY_SYSTEM;
+}
+
+static int valid_topology_level(unsigned level) {
+    return level == NVML_TOPOLOGY_INTERNAL || level == NVML_TOPOLOGY_SINGLE ||
+           level == NVML_TOPOLOGY_MULTIPLE || level == NVML_TOPOLOGY_HOSTBRIDGE ||
+           level == NVML_TOPOLOGY_NODE || level == NVML_TOPOLOGY_SYSTEM;
+}
+
+/* A second device argument (lock held): a physical GPU that is not lost. */
+static nvmlReturn_t peer_dev(const ctx_t *c, nvmlDevice_t dev, unsigned *gpu) {
+    int mig;
+    if (dev == NULL || resolve_handle(dev, gpu, &mig) != 0 || *gpu >= (unsigned)c->s->ngpu)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    const gpu_t *g = &c->s->gpu[*gpu];
+    if (mig >= 0 && (!g->mig_mode || mig >= g->nmig)) return NVML_ERROR_INVALID_ARGUMENT;
+    if (g->lost) return NVML_ERROR_GPU_IS_LOST;
+    if (mig >= 0) return NVML_ERROR_NOT_SUPPORTED;
+    return NVML_SUCCESS;
+}
+
+/* The count protocol of the GPU-set queries: a NULL array or a zero *count asks for the
+ * number of matches; otherwise up to *count handles are written and *count is set to the
+ * number written. */
+static nvmlReturn_t return_gpu_set(const unsigned char *match, int ngpu, unsigned *count,
+                                   nvmlDevice_t *deviceArray) {
+    unsigned n = 0;
+    for (int i = 0; i < ngpu; i++) n += match[i] ? 1u : 0u;
+    if (deviceArray == NULL || *count == 0) {
+        *count = n;
+        return NVML_SUCCESS;
+    }
+    unsigned written = 0;
+    for (int i = 0; i < ngpu && written < *count; i++)
+        if (match[i]) deviceArray[written++] = &g_dev[i];
+    *count = written;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t device1, nvmlDevice_t device2,
+                                                        nvmlGpuTopologyLevel_t *pathInfo) {
+    ctx_t c;
+    nvmlReturn_t r = enter_dev(&c, device1, 0);
+    if (r != NVML_SUCCESS) return leave(r);
+    unsigned other;
+    if ((r = peer_dev(&c, device2, &other)) != NVML_SUCCESS) return leave(r);
+    if (pathInfo == NULL) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (!has_topology(c.g) || !has_topology(&c.s->gpu[other]))
+        return leave(NVML_ERROR_NOT_SUPPORTED);
+    *pathInfo = topology_level(c.s, c.gpu, other);
+    return leave(NVML_SUCCESS);
+}
+
+/* The other GPUs at `level` or closer. */
+EXPORT nvmlReturn_t nvmlDeviceGetTopologyNearestGpus(nvmlDevice_t device,
+                                                     nvmlGpuTopologyLevel_t level,
+                                                     unsigned int *count,
+                                                     nvmlDevice_t *deviceArray) {
+    ctx_t c;
+    nvmlReturn_t r = enter_dev(&c, device, 0);
+    if (r != NVML_SUCCESS) return leave(r);
+    if (count == NULL || !valid_topology_level(level)) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (!has_topology(c.g)) return leave(NVML_ERROR_NOT_SUPPORTED);
+    unsigned char match[FAKE_MAX_GPUS] = {0};
+    for (int i = 0; i < c.s->ngpu; i++)
+        match[i] = (unsigned)i != c.gpu && has_topology(&c.s->gpu[i]) &&
+                   topology_level(c.s, c.gpu, (unsigned)i) <= level;
+    return leave(return_gpu_set(match, c.s->ngpu, count, deviceArray));
+}
+
+/* The GPUs whose NUMA node holds CPU `cpuNumber` (per the profile's numa_cpus). */
+EXPORT nvmlReturn_t nvmlSystemGetTopologyGpuSet(unsigned int cpuNumber, unsigned int *count,
+                                                nvmlDevice_t *deviceArray) {
+    ctx_t c;
+    nvmlReturn_t r = enter(&c);
+    if (r != NVML_SUCCESS) return leave(r);
+    if (count == NULL) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (!c.s->has_numa_cpus) return leave(NVML_ERROR_NOT_SUPPORTED);
+    if (cpuNumber >= FAKE_MAX_CPUS) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    const unsigned long long bit = 1ULL << (cpuNumber % 64);
+    int known = 0;
+    for (int n = 0; n < FAKE_MAX_NUMA; n++) known |= (c.s->numa_cpus[n][cpuNumber / 64] & bit) != 0;
+    if (!known) return leave(NVML_ERROR_INVALID_ARGUMENT); /* no such CPU */
+    unsigned char match[FAKE_MAX_GPUS] = {0};
+    for (int i = 0; i < c.s->ngpu; i++) {
+        int node = c.s->gpu[i].numa_node;
+        match[i] = node >= 0 && node < FAKE_MAX_NUMA &&
+                   (c.s->numa_cpus[node][cpuNumber / 64] & bit) != 0;
+    }
+    return leave(return_gpu_set(match, c.s->ngpu, count, deviceArray));
+}
+
+/* Resolves (device, link) for the per-link NVLink queries; on success *remote is the far end. */
+static nvmlReturn_t nvlink_link(ctx_t *c, nvmlDevice_t device, unsigned link, const void *out,
+                                const nvremote_t **remote) {
+    nvmlReturn_t r = enter_dev(c, device, 0);
+    if (r != NVML_SUCCESS) return r;
+    if (c->g->nvlink_count == 0) return NVML_ERROR_NOT_SUPPORTED;
+    if (out == NULL || link >= c->g->nvlink_count) return NVML_ERROR_INVALID_ARGUMENT;
+    *remote = &c->g->nvr[link];
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t device, unsigned int link,
+                                                        nvmlIntNvLinkDeviceType_t *type) {
+    ctx_t c;
+    const nvremote_t *rem = NULL;
+    nvmlReturn_t r = nvlink_link(&c, device, link, type, &rem);
+    if (r != NVML_SUCCESS) return leave(r);
+    if (!rem->set) return leave(NVML_ERROR_NOT_SUPPORTED);
+    *type = rem->type;
+    return leave(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, unsigned int link,
+                                                        nvmlPciInfo_t *pci) {
+    ctx_t c;
+    const nvremote_t *rem = NULL;
+    nvmlReturn_t r = nvlink_link(&c, device, link, pci, &rem);
+    if (r != NVML_SUCCESS) return leave(r);
+    if (!rem->set || !rem->has_pci) return leave(NVML_ERROR_NOT_SUPPORTED);
+    fill_pci_info(pci, rem->domain, rem->bus, rem->device, rem->function, rem->pci_device_id,
+                  rem->pci_subsystem_id);
+    return leave(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkCapability(nvmlDevice_t device, unsigned int link,
+                                                  nvmlNvLinkCapability_t capability,
+                                                  unsigned int *capResult) {
+    ctx_t c;
+    const nvremote_t *rem = NULL;
+    nvmlReturn_t r = nvlink_link(&c, device, link, capResult, &rem);
+    if (r != NVML_SUCCESS) return leave(r);
+    if (capability >= NVML_NVLINK_CAP_COUNT) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    *capResult = (c.g->nvlink_caps >> capability) & 1u;
+    return leave(NVML_SUCCESS);
+}
+
+/* clusterUuid from 32 hex digits (dashes ignored); zeros if malformed. */
+static void fabric_uuid(const gpu_t *g, unsigned char out[NVML_GPU_FABRIC_UUID_LEN]) {
+    unsigned char buf[NVML_GPU_FABRIC_UUID_LEN] = {0};
+    int nibbles = 0;
+    memset(out, 0, NVML_GPU_FABRIC_UUID_LEN);
+    for (const char *p = g->fabric_cluster_uuid; *p != '\0'; p++) {
+        int v;
+        if (*p >= '0' && *p <= '9') v = *p - '0';
+        else if (*p >= 'a' && *p <= 'f') v = *p - 'a' + 10;
+        else if (*p >= 'A' && *p <= 'F') v = *p - 'A' + 10;
+        else if (*p == '-') continue;
+        else return;
+        if (nibbles >= 2 * NVML_GPU_FABRIC_UUID_LEN) return;
+        buf[nibbles / 2] = (unsigned char)(buf[nibbles / 2] | (v << (nibbles % 2 ? 0 : 4)));
+        nibbles++;
+    }
+    if (nibbles == 2 * NVML_GPU_FABRIC_UUID_LEN) memcpy(out, buf, sizeof buf);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t device,
+                                               nvmlGpuFabricInfo_t *gpuFabricInfo) {
+    ctx_t c;
+    nvmlReturn_t r = enter_dev(&c, device, 0);
+    if (r != NVML_SUCCESS) return leave(r);
+    if (gpuFabricInfo == NULL) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (!c.g->fabric) return leave(NVML_ERROR_NOT_SUPPORTED);
+    memset(gpuFabricInfo, 0, sizeof *gpuFabricInfo);
+    fabric_uuid(c.g, gpuFabricInfo->clusterUuid);
+    gpuFabricInfo->status = (nvmlReturn_t)c.g->fabric_status;
+    gpuFabricInfo->cliqueId = c.g->fabric_clique;
+    gpuFabricInfo->state = c.g->fabric_state;
+    return leave(NVML_SUCCESS);
+}
+
+/* Accepts nvmlGpuFabricInfo_v2 (healthMask) and _v3 (also healthSummary). */
+EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device,
+                                                nvmlGpuFabricInfo_v3_t *gpuFabricInfo) {
+    ctx_t c;
+    nvmlReturn_t r = enter_dev(&c, device, 0);
+    if (r != NVML_SUCCESS) return leave(r);
+    if (gpuFabricInfo == NULL) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    const unsigned version = gpuFabricInfo->version;
+    if (version != nvmlGpuFabricInfo_v2 && version != nvmlGpuFabricInfo_v3)
+        return leave(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    if (!c.g->fabric) return leave(NVML_ERROR_NOT_SUPPORTED);
+    nvmlGpuFabricInfo_v2_t v2;
+    memset(&v2, 0, sizeof v2);
+    v2.version = version;
+    fabric_uuid(c.g, v2.clusterUuid);
+    v2.status = (nvmlReturn_t)c.g->fabric_status;
+    v2.cliqueId = c.g->fabric_clique;
+    v2.state = c.g->fabric_state;
+    v2.healthMask = c.g->fabric_health_mask;
+    memcpy(gpuFabricInfo, &v2, sizeof v2); /* a v2 caller's struct is only this large */
+    if (version == nvmlGpuFabricInfo_v3)
+        gpuFabricInfo->healthSummary = (unsigned char)c.g->fabric_health_summary;
+    return leave(NVML_SUCCESS);
+}

@@ -58,6 +58,10 @@ EXPORTED = {
     "nvmlDeviceGetMigMode", "nvmlDeviceGetMaxMigDeviceCount", "nvmlDeviceGetMigDeviceHandleByIndex",
     "nvmlDeviceIsMigDeviceHandle", "nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetComputeInstanceId",
     "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
+    "nvmlDeviceGetTopologyCommonAncestor", "nvmlDeviceGetTopologyNearestGpus",
+    "nvmlSystemGetTopologyGpuSet", "nvmlDeviceGetNvLinkRemotePciInfo_v2",
+    "nvmlDeviceGetNvLinkRemoteDeviceType", "nvmlDeviceGetNvLinkCapability",
+    "nvmlDeviceGetGpuFabricInfo", "nvmlDeviceGetGpuFabricInfoV",
 }  # fmt: skip
 
 NVLINK_CRC_DATA_FIELDS = [*range(39, 45), *range(102, 108)]  # ..._CRC_DATA_ERROR_COUNT_L0..L11
@@ -180,7 +184,8 @@ def test_identity_matches_profile(make_fake: Make, profile: str) -> None:
     assert nv.nvmlSystemGetCudaDriverVersion() == spec["cuda_driver_version"]
     assert nv.nvmlSystemGetCudaDriverVersion_v2() == spec["cuda_driver_version"]
     archs = {"hopper": nv.NVML_DEVICE_ARCH_HOPPER, "ampere": nv.NVML_DEVICE_ARCH_AMPERE,
-             "ada": nv.NVML_DEVICE_ARCH_ADA}  # fmt: skip
+             "ada": nv.NVML_DEVICE_ARCH_ADA,
+             "blackwell": nv.NVML_DEVICE_ARCH_BLACKWELL}  # fmt: skip
     for i, (h, g) in enumerate(zip(handles(fake), spec["gpus"], strict=True)):
         assert nv.nvmlDeviceGetIndex(h) == i
         assert nv.nvmlDeviceGetMinorNumber(h) == i
@@ -858,3 +863,351 @@ def test_concurrent_callers(make_fake: Make) -> None:
     assert not errors
     assert got == [43] * 5
     nv.nvmlEventSetFree(es)
+
+
+# ---- topology: PCIe common ancestor, NVLink remote ends, GPU fabric ---------------------------
+
+INTERNAL, SINGLE, MULTIPLE = (
+    nv.NVML_TOPOLOGY_INTERNAL,
+    nv.NVML_TOPOLOGY_SINGLE,
+    nv.NVML_TOPOLOGY_MULTIPLE,
+)
+PHB, NODE, SYS = nv.NVML_TOPOLOGY_HOSTBRIDGE, nv.NVML_TOPOLOGY_NODE, nv.NVML_TOPOLOGY_SYSTEM
+
+
+def level_matrix(fake: FakeNvml) -> list[list[int]]:
+    hs = handles(fake)
+    return [[nv.nvmlDeviceGetTopologyCommonAncestor(a, b) for b in hs] for a in hs]
+
+
+def indices(devices: list[Any]) -> list[int]:
+    return [nv.nvmlDeviceGetIndex(d) for d in devices]
+
+
+def pair_matrix(
+    n: int, pair: int, socket: int, cross: int = SYS, per_socket: int = 2
+) -> list[list[int]]:
+    """GPUs 2k and 2k+1 at `pair`; the same socket (per_socket pairs) at `socket`; else `cross`."""
+
+    def level(a: int, b: int) -> int:
+        if a == b:
+            return INTERNAL
+        if a // 2 == b // 2:
+            return pair
+        return socket if a // (2 * per_socket) == b // (2 * per_socket) else cross
+
+    return [[level(a, b) for b in range(n)] for a in range(n)]
+
+
+def test_dgx_h100_topology_levels(make_fake: Make) -> None:
+    fake = make_fake("dgx-h100")
+    # Each GPU has its own PCIe switch (shared with its NIC): no GPU pair shares a switch.
+    expected = [
+        [INTERNAL, PHB, NODE, NODE, SYS, SYS, SYS, SYS],
+        [PHB, INTERNAL, NODE, NODE, SYS, SYS, SYS, SYS],
+        [NODE, NODE, INTERNAL, PHB, SYS, SYS, SYS, SYS],
+        [NODE, NODE, PHB, INTERNAL, SYS, SYS, SYS, SYS],
+        [SYS, SYS, SYS, SYS, INTERNAL, PHB, NODE, NODE],
+        [SYS, SYS, SYS, SYS, PHB, INTERNAL, NODE, NODE],
+        [SYS, SYS, SYS, SYS, NODE, NODE, INTERNAL, PHB],
+        [SYS, SYS, SYS, SYS, NODE, NODE, PHB, INTERNAL],
+    ]
+    assert level_matrix(fake) == expected == pair_matrix(8, PHB, NODE)
+    hs = handles(fake)
+    assert indices(nv.nvmlDeviceGetTopologyNearestGpus(hs[5], INTERNAL)) == []
+    assert indices(nv.nvmlDeviceGetTopologyNearestGpus(hs[5], SINGLE)) == []
+    assert indices(nv.nvmlDeviceGetTopologyNearestGpus(hs[5], PHB)) == [4]
+    assert indices(nv.nvmlDeviceGetTopologyNearestGpus(hs[5], NODE)) == [4, 6, 7]
+    assert indices(nv.nvmlDeviceGetTopologyNearestGpus(hs[5], SYS)) == [0, 1, 2, 3, 4, 6, 7]
+    # CPU sets of the two sockets (56 cores, 2 threads each).
+    for cpu, gpus in ((0, [0, 1, 2, 3]), (55, [0, 1, 2, 3]), (56, [4, 5, 6, 7]),
+                      (112, [0, 1, 2, 3]), (223, [4, 5, 6, 7])):  # fmt: skip
+        assert indices(nv.nvmlSystemGetTopologyGpuSet(cpu)) == gpus
+    with pytest.raises(err(nv.NVML_ERROR_INVALID_ARGUMENT)):
+        nv.nvmlSystemGetTopologyGpuSet(224)  # no such CPU
+    assert fake.numa_cpus()[1][:2] == [56, 57] and len(fake.numa_cpus()[1]) == 112
+
+
+def test_dgx_h100_topology_matches_the_sysfs_fixture(make_fake: Make) -> None:
+    from tests.fixtures.make_sysfs import dgx_h100_pairs
+
+    fake = make_fake("dgx-h100")
+    nics, gpus = dgx_h100_pairs()
+    for i, (nic, gpu) in enumerate(zip(nics, gpus, strict=True)):
+        topo = fake.topology(i)
+        assert topo is not None
+        assert fake.gpu_info(i)["pci_bus_id"].lower() == "0000" + gpu.address  # 00000000:18:00.0
+        root_port, switch_up, _downstream = gpu.bridges
+        assert (topo["root_port"], topo["switches"]) == (root_port, [switch_up])
+        assert nic.pci.bridges[:2] == (root_port, switch_up)  # the NIC shares the switch
+        assert topo["nics"] == [nic.pci.address]
+        assert gpu.numa_node == nv.nvmlDeviceGetNumaNodeId(nv.nvmlDeviceGetHandleByIndex(i))
+
+
+def test_topology_levels_of_the_other_profiles(make_fake: Make) -> None:
+    # DGX A100-like: a GPU pair shares a top-level switch, each GPU behind its own second one.
+    assert level_matrix(make_fake("hgx-a100-mig")) == pair_matrix(8, MULTIPLE, SYS)
+    assert level_matrix(make_fake("hgx-nvlink-bridge")) == pair_matrix(4, SINGLE, SYS)
+    assert level_matrix(make_fake("pcie-l40s")) == pair_matrix(4, NODE, SYS)
+    assert level_matrix(make_fake("mixed")) == pair_matrix(4, NODE, SYS)
+    assert level_matrix(make_fake("gb200-nvl")) == pair_matrix(4, NODE, SYS)
+    assert indices(nv.nvmlSystemGetTopologyGpuSet(80)) == [2, 3]  # second Grace: CPUs 72-143
+    make_fake("hgx-a100-mig")
+    # NPS4: CPU 48 is on NUMA node 3 (GPUs 0, 1); node 0 has no GPU.
+    assert indices(nv.nvmlSystemGetTopologyGpuSet(48)) == [0, 1]
+    assert indices(nv.nvmlSystemGetTopologyGpuSet(0)) == []
+    assert indices(
+        nv.nvmlDeviceGetTopologyNearestGpus(nv.nvmlDeviceGetHandleByIndex(2), MULTIPLE)
+    ) == [3]
+
+
+def test_topology_errors_and_count_protocol(make_fake: Make) -> None:
+    fake = make_fake("hgx-a100-mig")
+    hs = handles(fake)
+    mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(hs[6], 0)
+    with pytest.raises(err(nv.NVML_ERROR_NOT_SUPPORTED)):
+        nv.nvmlDeviceGetTopologyCommonAncestor(mig, hs[0])
+    with pytest.raises(err(nv.NVML_ERROR_NOT_SUPPORTED)):
+        nv.nvmlDeviceGetTopologyCommonAncestor(hs[0], mig)
+    with pytest.raises(err(nv.NVML_ERROR_INVALID_ARGUMENT)):
+        nv.nvmlDeviceGetTopologyNearestGpus(hs[0], 35)  # not a level
+    level = ctypes.c_uint(99)
+    assert lib().nvmlDeviceGetTopologyCommonAncestor(hs[0], None, ctypes.byref(level)) == (
+        nv.NVML_ERROR_INVALID_ARGUMENT
+    )
+    assert lib().nvmlDeviceGetTopologyCommonAncestor(hs[0], hs[1], None) == (
+        nv.NVML_ERROR_INVALID_ARGUMENT
+    )
+    # A non-zero count with a buffer: at most that many handles, count = number written.
+    count = ctypes.c_uint(2)
+    buf = (nv.c_nvmlDevice_t * 2)()
+    assert lib().nvmlDeviceGetTopologyNearestGpus(hs[0], SYS, ctypes.byref(count), buf) == 0
+    assert count.value == 2 and [addr(b) for b in buf] == [addr(hs[1]), addr(hs[2])]
+    count = ctypes.c_uint(0)
+    assert lib().nvmlSystemGetTopologyGpuSet(176, ctypes.byref(count), None) == 0
+    assert count.value == 2  # CPU 176 = NUMA 3's second thread of core 48
+    fake.lose_gpu(3)
+    with pytest.raises(err(nv.NVML_ERROR_GPU_IS_LOST)):
+        nv.nvmlDeviceGetTopologyCommonAncestor(hs[3], hs[0])
+    with pytest.raises(err(nv.NVML_ERROR_GPU_IS_LOST)):
+        nv.nvmlDeviceGetTopologyCommonAncestor(hs[0], hs[3])
+    assert nv.nvmlDeviceGetTopologyCommonAncestor(hs[0], hs[1]) == MULTIPLE
+
+
+def test_topology_absent_from_the_profile_is_not_supported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make_fake: Make
+) -> None:
+    from tests.fakenvml import control
+
+    spec = json.loads((control.PROFILES_DIR / "pcie-l40s.json").read_text())
+    del spec["numa_cpus"]
+    del spec["gpus"][1]["topology"]
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    (profiles / "custom.json").write_text(json.dumps(spec))
+    monkeypatch.setattr(control, "PROFILES_DIR", profiles)
+    fake = make_fake("custom")
+    hs = handles(fake)
+    assert nv.nvmlDeviceGetTopologyCommonAncestor(hs[0], hs[2]) == SYS
+    with pytest.raises(err(nv.NVML_ERROR_NOT_SUPPORTED)):
+        nv.nvmlDeviceGetTopologyCommonAncestor(hs[0], hs[1])
+    with pytest.raises(err(nv.NVML_ERROR_NOT_SUPPORTED)):
+        nv.nvmlDeviceGetTopologyNearestGpus(hs[1], SYS)
+    assert indices(nv.nvmlDeviceGetTopologyNearestGpus(hs[0], SYS)) == [2, 3]
+    with pytest.raises(err(nv.NVML_ERROR_NOT_SUPPORTED)):
+        nv.nvmlSystemGetTopologyGpuSet(0)
+
+
+def remote_bus_ids(h: Any, links: int) -> list[str]:
+    return [nv.nvmlDeviceGetNvLinkRemotePciInfo(h, link).busId for link in range(links)]
+
+
+def test_dgx_h100_nvlinks_go_to_four_nvswitches(make_fake: Make) -> None:
+    fake = make_fake("dgx-h100")
+    switches = [f"00000000:0{k}:00.0" for k in (5, 6, 7, 8)]
+    expected = [switches[0]] * 5 + [switches[1]] * 4 + [switches[2]] * 4 + [switches[3]] * 5
+    for i, h in enumerate(handles(fake)):
+        types = {nv.nvmlDeviceGetNvLinkRemoteDeviceType(h, link) for link in range(18)}
+        assert types == {nv.NVML_NVLINK_DEVICE_TYPE_SWITCH}
+        assert remote_bus_ids(h, 18) == expected
+        assert [r["pci_bus_id"] for r in fake.nvlink_remote(i)] == expected
+    h = nv.nvmlDeviceGetHandleByIndex(3)
+    pci = nv.nvmlDeviceGetNvLinkRemotePciInfo(h, 17)
+    assert (pci.domain, pci.bus, pci.device) == (0, 8, 0)
+    assert pci.busIdLegacy == "0000:08:00.0"
+    assert pci.pciDeviceId == 0x22A310DE
+    caps = [nv.nvmlDeviceGetNvLinkCapability(h, 0, c) for c in range(nv.NVML_NVLINK_CAP_COUNT)]
+    assert caps == [1, 0, 1, 0, 0, 1]  # P2P, P2P atomics, valid; no sysmem/SLI on x86
+    with pytest.raises(err(nv.NVML_ERROR_INVALID_ARGUMENT)):
+        nv.nvmlDeviceGetNvLinkCapability(h, 0, nv.NVML_NVLINK_CAP_COUNT)
+    for call in (nv.nvmlDeviceGetNvLinkRemoteDeviceType, nv.nvmlDeviceGetNvLinkRemotePciInfo):
+        with pytest.raises(err(nv.NVML_ERROR_INVALID_ARGUMENT)):
+            call(h, 18)
+    fake.set_nvlink_up(3, 17, False)  # the far end of a down link is still known
+    assert nv.nvmlDeviceGetNvLinkRemotePciInfo(h, 17).busId == switches[3]
+    fake.lose_gpu(3)
+    with pytest.raises(err(nv.NVML_ERROR_GPU_IS_LOST)):
+        nv.nvmlDeviceGetNvLinkRemoteDeviceType(h, 0)
+
+
+def test_hgx_a100_nvlinks_two_per_nvswitch(make_fake: Make) -> None:
+    fake = make_fake("hgx-a100-mig")
+    hs = handles(fake)
+    expected = [f"00000000:C{1 + link // 2}:00.0" for link in range(12)]
+    assert all(remote_bus_ids(h, 12) == expected for h in hs)
+    assert nv.nvmlDeviceGetNvLinkRemotePciInfo(hs[0], 0).pciDeviceId == 0x1AF110DE
+    mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(hs[7], 0)
+    with pytest.raises(err(nv.NVML_ERROR_NOT_SUPPORTED)):
+        nv.nvmlDeviceGetNvLinkRemoteDeviceType(mig, 0)
+
+
+def test_hgx_nvlink_bridge_pairs_are_linked_gpu_to_gpu(make_fake: Make) -> None:
+    fake = make_fake("hgx-nvlink-bridge")
+    hs = handles(fake)
+    for i, h in enumerate(hs):
+        partner = i ^ 1
+        assert nv.nvmlDeviceGetName(h) == "NVIDIA H100 NVL"
+        assert nv.nvmlDeviceGetMemoryInfo(h).total == 95830 * MIB
+        assert nv.nvmlDeviceGetEnforcedPowerLimit(h) == 400_000
+        assert nv.nvmlDeviceGetCudaComputeCapability(h) == (9, 0)
+        assert nv.nvmlDeviceGetArchitecture(h) == nv.NVML_DEVICE_ARCH_HOPPER
+        assert fields(h, [nv.NVML_FI_DEV_NVLINK_LINK_COUNT])[0].value.uiVal == 12
+        types = {nv.nvmlDeviceGetNvLinkRemoteDeviceType(h, link) for link in range(12)}
+        assert types == {nv.NVML_NVLINK_DEVICE_TYPE_GPU}
+        bus_ids = set(remote_bus_ids(h, 12))
+        assert bus_ids == {nv.nvmlDeviceGetPciInfo(hs[partner]).busId}
+        assert addr(nv.nvmlDeviceGetHandleByPciBusId(bus_ids.pop())) == addr(hs[partner])
+        remote = nv.nvmlDeviceGetNvLinkRemotePciInfo(h, 0)
+        assert remote.pciDeviceId == nv.nvmlDeviceGetPciInfo(hs[partner]).pciDeviceId == 0x232110DE
+    with pytest.raises(err(nv.NVML_ERROR_INVALID_ARGUMENT)):
+        nv.nvmlDeviceGetNvLinkRemoteDeviceType(hs[0], 12)
+    for h in hs:
+        with pytest.raises(err(nv.NVML_ERROR_NOT_SUPPORTED)):
+            nv.nvmlDeviceGetGpuFabricInfoV(h, ctypes.byref(nv.c_nvmlGpuFabricInfoV_t()))
+
+
+def test_mixed_h100s_are_linked_directly(make_fake: Make) -> None:
+    fake = make_fake("mixed")
+    hs = handles(fake)
+    for i in (0, 1):
+        partner_bus = nv.nvmlDeviceGetPciInfo(hs[1 - i]).busId
+        assert set(remote_bus_ids(hs[i], 18)) == {partner_bus}
+        assert nv.nvmlDeviceGetNvLinkRemoteDeviceType(hs[i], 17) == nv.NVML_NVLINK_DEVICE_TYPE_GPU
+    for h in hs[2:]:
+        with pytest.raises(err(nv.NVML_ERROR_NOT_SUPPORTED)):
+            nv.nvmlDeviceGetNvLinkRemoteDeviceType(h, 0)
+
+
+def test_pcie_l40s_has_no_nvlink_remote_or_fabric(make_fake: Make) -> None:
+    fake = make_fake("pcie-l40s")
+    for h in handles(fake):
+        for call in (
+            lambda h: nv.nvmlDeviceGetNvLinkRemotePciInfo(h, 0),
+            lambda h: nv.nvmlDeviceGetNvLinkRemoteDeviceType(h, 0),
+            lambda h: nv.nvmlDeviceGetNvLinkCapability(h, 0, nv.NVML_NVLINK_CAP_P2P_SUPPORTED),
+            lambda h: nv.nvmlDeviceGetGpuFabricInfo(h, ctypes.byref(nv.c_nvmlGpuFabricInfo_t())),
+            lambda h: nv.nvmlDeviceGetGpuFabricInfoV(h, ctypes.byref(nv.c_nvmlGpuFabricInfoV_t())),
+        ):
+            with pytest.raises(err(nv.NVML_ERROR_NOT_SUPPORTED)):
+                call(h)
+    assert fake.nvlink_remote(0) == []
+
+
+def test_dgx_h100_has_no_gpu_fabric(make_fake: Make) -> None:
+    fake = make_fake("dgx-h100")
+    h = nv.nvmlDeviceGetHandleByIndex(0)
+    with pytest.raises(err(nv.NVML_ERROR_NOT_SUPPORTED)):
+        nv.nvmlDeviceGetGpuFabricInfo(h, ctypes.byref(nv.c_nvmlGpuFabricInfo_t()))
+    with pytest.raises(err(nv.NVML_ERROR_NOT_SUPPORTED)):
+        nv.nvmlDeviceGetGpuFabricInfoV(h, ctypes.byref(nv.c_nvmlGpuFabricInfoV_t()))
+    with pytest.raises(ValueError, match="no GPU fabric"):
+        fake.set_fabric(0, state="completed")
+
+
+def health(mask: int, shift: int, width: int) -> int:
+    return (mask >> shift) & width
+
+
+def test_gb200_fabric_info(make_fake: Make) -> None:
+    fake = make_fake("gb200-nvl")
+    hs = handles(fake)
+    uuid = bytes.fromhex("5f8c2a1e7b3d4c6f9e0a1d2b3c4d5e6f")
+    for h in hs:
+        assert nv.nvmlDeviceGetName(h) == "NVIDIA GB200"
+        assert nv.nvmlDeviceGetArchitecture(h) == nv.NVML_DEVICE_ARCH_BLACKWELL
+        assert nv.nvmlDeviceGetCudaComputeCapability(h) == (10, 0)
+        assert nv.nvmlDeviceGetEnforcedPowerLimit(h) == 1_200_000
+        v1 = nv.c_nvmlGpuFabricInfo_t()
+        nv.nvmlDeviceGetGpuFabricInfo(h, ctypes.byref(v1))
+        assert bytes(v1.clusterUuid) == uuid
+        assert (v1.status, v1.cliqueId, v1.state) == (
+            nv.NVML_SUCCESS,
+            7,
+            nv.NVML_GPU_FABRIC_STATE_COMPLETED,
+        )
+        v2 = nv.c_nvmlGpuFabricInfoV_t()
+        nv.nvmlDeviceGetGpuFabricInfoV(h, ctypes.byref(v2))
+        assert bytes(v2.clusterUuid) == uuid
+        assert (v2.status, v2.cliqueId, v2.state) == (v1.status, v1.cliqueId, v1.state)
+        m = v2.healthMask
+        assert health(m, nv.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW,
+                      nv.NVML_GPU_FABRIC_HEALTH_MASK_WIDTH_DEGRADED_BW) == (
+            nv.NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_FALSE
+        )  # fmt: skip
+        assert health(m, nv.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_ROUTE_UNHEALTHY,
+                      nv.NVML_GPU_FABRIC_HEALTH_MASK_WIDTH_ROUTE_UNHEALTHY) == (
+            nv.NVML_GPU_FABRIC_HEALTH_MASK_ROUTE_UNHEALTHY_FALSE
+        )  # fmt: skip
+        assert health(m, nv.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_GFM_STATE,
+                      nv.NVML_GPU_FABRIC_HEALTH_MASK_WIDTH_GFM_STATE) == (
+            nv.NVML_GPU_FABRIC_HEALTH_MASK_GFM_STATE_CONNECTED
+        )  # fmt: skip
+        v3 = nv.c_nvmlGpuFabricInfo_v3_t()
+        nv.nvmlDeviceGetGpuFabricInfoV(h, ctypes.byref(v3))
+        assert (v3.healthMask, v3.healthSummary) == (m, nv.NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY)
+        # 18 NVLink5 links, one to each NVSwitch chip of the rack's switch trays, which are not
+        # PCI devices of this node.
+        assert fields(h, [nv.NVML_FI_DEV_NVLINK_LINK_COUNT])[0].value.uiVal == 18
+        types = {nv.nvmlDeviceGetNvLinkRemoteDeviceType(h, link) for link in range(18)}
+        assert types == {nv.NVML_NVLINK_DEVICE_TYPE_SWITCH}
+        with pytest.raises(err(nv.NVML_ERROR_NOT_SUPPORTED)):
+            nv.nvmlDeviceGetNvLinkRemotePciInfo(h, 0)
+    assert len({r["name"] for r in fake.nvlink_remote(0)}) == 18
+    bad = nv.c_nvmlGpuFabricInfoV_t()
+    bad.version = nv.nvmlGpuFabricInfo_v2 + 1
+    with pytest.raises(err(nv.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)):
+        nv.nvmlDeviceGetGpuFabricInfoV(hs[0], ctypes.byref(bad))
+    fake.set_fabric(2, state="in_progress", status=nv.NVML_ERROR_NOT_READY,
+                    health_summary="unhealthy")  # fmt: skip
+    v3 = nv.c_nvmlGpuFabricInfo_v3_t()
+    nv.nvmlDeviceGetGpuFabricInfoV(hs[2], ctypes.byref(v3))
+    assert (v3.state, v3.status, v3.healthSummary) == (
+        nv.NVML_GPU_FABRIC_STATE_IN_PROGRESS,
+        nv.NVML_ERROR_NOT_READY,
+        nv.NVML_GPU_FABRIC_HEALTH_SUMMARY_UNHEALTHY,
+    )
+    nv.nvmlDeviceGetGpuFabricInfoV(hs[1], ctypes.byref(v3))
+    assert v3.state == nv.NVML_GPU_FABRIC_STATE_COMPLETED
+
+
+def test_v2_fabric_caller_gets_no_bytes_past_its_struct(make_fake: Make) -> None:
+    make_fake("gb200-nvl")
+    buf = (ctypes.c_ubyte * 40)(*([0xAB] * 40))
+    ctypes.c_uint.from_buffer(buf).value = nv.nvmlGpuFabricInfo_v2
+    assert lib().nvmlDeviceGetGpuFabricInfoV(nv.nvmlDeviceGetHandleByIndex(0), buf) == 0
+    assert bytes(buf[36:]) == b"\xab" * 4
+
+
+def test_nvlink_remote_must_cover_every_link(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.fakenvml import control
+
+    spec = json.loads((control.PROFILES_DIR / "hgx-nvlink-bridge.json").read_text())
+    spec["gpus"][0]["nvlink_remote"] = [{"links": 11, "gpu": 1}]
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    (profiles / "bad.json").write_text(json.dumps(spec))
+    monkeypatch.setattr(control, "PROFILES_DIR", profiles)
+    with pytest.raises(ValueError, match="covers 11 links"):
+        FakeNvml("bad", tmp_path / "state")
