@@ -17,9 +17,9 @@ from agent.gpu.device import sysfs_pci_address
 from agent.gpu.records import GpuSnapshot
 from agent.gpu.source import GpuConfig, GpuSource
 from agent.net.nic import read_nics
-from agent.pci import locate, nic_affinity
+from agent.pci import locate, nic_affinity, relationship
 from agent.sources import SourceUnavailable
-from exporters.labels.gpu import NetworkPlacement, check, gpu_labels
+from exporters.labels.gpu import NetworkPlacement, check, gpu_labels, topology_annotation
 
 
 def network_placement(sysfs: Path, snapshot: GpuSnapshot | None) -> NetworkPlacement | None:
@@ -34,11 +34,18 @@ def network_placement(sysfs: Path, snapshot: GpuSnapshot | None) -> NetworkPlace
         for g in (snapshot.gpus if snapshot else ())
         if g.identity.pci_bus_id
     ]
+    located = [(n, locate(sysfs, n.pci_bus_id)) for n in nics if n.pci_bus_id]
+    gpu_nic = tuple(
+        (n.device, n.rdma, tuple(relationship(g, where) if g else "" for g in gpus))
+        for n, where in located
+        if where is not None
+    )
     return NetworkPlacement(
         rdma_present=bool(rdma),
         nic_affinity=nic_affinity(
             [g for g in gpus if g is not None], [n for n in rdma if n is not None]
         ),
+        gpu_nic=gpu_nic,
     )
 
 
@@ -78,12 +85,20 @@ def labels_main(argv: Sequence[str]) -> int:
     finally:
         source.stop()
 
-    labels = gpu_labels(snapshot, prefix, network=network_placement(config.sysfs, snapshot))
+    placement = network_placement(config.sysfs, snapshot)
+    labels = gpu_labels(snapshot, prefix, network=placement)
     check(labels)
+    annotations = (
+        {f"{prefix}topology": topology_annotation(snapshot, placement)}
+        if snapshot is not None and snapshot.gpus
+        else {}
+    )
     if output == "json":
-        print(json.dumps({"labels": labels}, indent=2, sort_keys=True))
+        print(json.dumps({"labels": labels, "annotations": annotations}, indent=2, sort_keys=True))
     else:
-        width = max(len(k) for k in labels)
+        width = max(len(k) for k in (*labels, *annotations))
         for key in sorted(labels):
             print(f"{key:<{width}}  {labels[key]}")
+        for key, value in annotations.items():
+            print(f"{key:<{width}}  {value}")
     return 0

@@ -149,3 +149,55 @@ def test_gpuscope_labels_table_and_no_driver(tmp_path: Path) -> None:
     assert result.returncode == 0
     assert result.stdout.split() == ["gpuscope.io/gpu.present", "false"]
     assert "no GPUs readable: NVML library libnvidia-ml.so.1 not found" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("profile", "interconnect"),
+    [("dgx-h100", "nvswitch"), ("hgx-nvlink-bridge", "nvlink"), ("pcie-l40s", "pcie"),
+     ("gb200-nvl", "nvswitch")],
+)  # fmt: skip
+def test_interconnect_from_the_far_ends_of_the_nvlinks(
+    inprocess, profile: str, interconnect: str
+) -> None:
+    h = inprocess(profile)
+    assert gpu_labels(snapshot(h))["gpuscope.io/gpu.interconnect"] == interconnect
+    assert dict(h.gpu.nvml.errors) == {}  # every topology call made correctly
+
+
+def test_multi_node_nvlink_fabric_gives_domain_and_clique(inprocess) -> None:
+    labels = gpu_labels(snapshot(inprocess("gb200-nvl")))
+    domain = labels["gpuscope.io/nvlink.domain"]
+    assert labels["gpuscope.io/nvlink.clique"] == f"{domain}.7"
+
+
+def test_no_fabric_no_domain_labels(inprocess) -> None:
+    assert "gpuscope.io/nvlink.domain" not in gpu_labels(snapshot(inprocess("dgx-h100")))
+
+
+def test_topology_annotation_matrices(inprocess, tmp_path: Path) -> None:
+    from agent.labels_cli import network_placement
+    from exporters.labels.gpu import topology_annotation
+
+    h = inprocess("dgx-h100")
+    snap = snapshot(h)
+    sysfs = write_tree(tmp_path / "sys")
+    doc_text = topology_annotation(snap, network_placement(sysfs, snap))
+    assert len(doc_text.encode()) < 16 * 1024
+    doc = json.loads(doc_text)
+    assert doc["v"] == 1 and len(doc["gpus"]) == 8
+    matrix = doc["gpu_gpu"]
+    assert all(matrix[i][i] == "x" for i in range(8))
+    assert {matrix[i][j] for i in range(8) for j in range(8) if i != j} == {"nv18"}
+    assert sum(p["links"] for p in doc["gpus"][0]["nvlink"]) == 18
+    # The ConnectX-7 sharing GPU i's PCIe switch is "pix" to it; GPUs on the other socket "sys".
+    rdma_rows = [row for nic, row in zip(doc["nics"], doc["gpu_nic"], strict=True) if nic["rdma"]]
+    assert sum(row.count("pix") for row in rdma_rows) == 8
+    assert doc_text == topology_annotation(snap, network_placement(sysfs, snap))  # stable
+
+
+def test_pcie_only_node_matrix_uses_pcie_levels(inprocess) -> None:
+    from exporters.labels.gpu import topology_annotation
+
+    doc = json.loads(topology_annotation(snapshot(inprocess("pcie-l40s"))))
+    assert doc["gpu_gpu"][0] == ["x", "node", "sys", "sys"]
+    assert "gpu_nic" not in doc

@@ -93,6 +93,29 @@ class GpuReading:
 
 
 @dataclass(frozen=True, slots=True)
+class NvLinkPeer:
+    """The far end of some of a GPU's NVLinks: an NVSwitch or another GPU."""
+
+    kind: str  # switch | gpu | ibmnpu | unknown
+    pci_bus_id: str  # "" where NVML does not report one (NVL72 switch trays)
+    links: int
+
+
+@dataclass(frozen=True, slots=True)
+class Fabric:
+    cluster_uuid: str
+    clique_id: int
+    completed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class GpuTopology:
+    pcie: Mapping[tuple[int, int], str] = field(default_factory=dict)  # (i, j), i < j
+    nvlink_peers: Mapping[int, tuple[NvLinkPeer, ...]] = field(default_factory=dict)
+    fabric: Mapping[int, Fabric] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class GpuSnapshot:
     """Every GPU on the node plus the driver facts that apply to all of them."""
 
@@ -101,3 +124,4 @@ class GpuSnapshot:
     nvml_version: str
     gpus: tuple[GpuReading, ...]
     nvlink_per_link: bool = False
+    topology: GpuTopology = field(default_factory=GpuTopology)

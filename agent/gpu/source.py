@@ -14,8 +14,9 @@ from pathlib import Path
 from agent.clock import Clock, SystemClock
 from agent.gpu import device as dev
 from agent.gpu.nvml import GpuLost, Nvml, NvmlCallError, text
-from agent.gpu.records import GpuIdentity, GpuIntegrals, GpuReading, GpuSnapshot
+from agent.gpu.records import GpuIdentity, GpuIntegrals, GpuReading, GpuSnapshot, GpuTopology
 from agent.gpu.sampler import Sampler
+from agent.gpu.topology import read_topology
 from agent.gpu.xid import XidWatcher
 
 log = logging.getLogger("gpuscope.gpu")
@@ -43,6 +44,7 @@ class GpuSource:
         self._undiscovered: list[int] = []
         self.sampler: Sampler | None = None
         self.xid: XidWatcher | None = None
+        self.topology = GpuTopology()
         self.driver_version = ""
         self.cuda_driver_version = ""
         self.nvml_version = ""
@@ -62,6 +64,7 @@ class GpuSource:
             idle_threshold=self.config.idle_threshold,
         )
         self.xid = XidWatcher(self.nvml, self.devices)
+        self.topology = read_topology(self.nvml, self.devices)
         if self.config.background:
             self.sampler.start()
         else:
@@ -121,6 +124,7 @@ class GpuSource:
             nvml_version=self.nvml_version,
             gpus=tuple(readings),
             nvlink_per_link=self.config.nvlink_per_link,
+            topology=self.topology,
         )
 
     def stop(self) -> None:

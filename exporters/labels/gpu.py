@@ -10,11 +10,12 @@ requires `gpu.memory Gt 40000` must fit on whichever GPU it gets.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from agent.gpu.records import GpuReading, GpuSnapshot
+from agent.gpu.records import GpuReading, GpuSnapshot, GpuTopology
 from exporters.labels.values import MAX_LENGTH, is_valid_value, label_value
 
 MIB = 1024 * 1024
@@ -43,6 +44,8 @@ class NetworkPlacement:
 
     rdma_present: bool
     nic_affinity: str  # pix | pxb | phb | node | sys | none
+    # Per NIC (netdev name, RDMA-capable), its PCIe relation to each GPU in index order.
+    gpu_nic: tuple[tuple[str, bool, tuple[str, ...]], ...] = ()
 
 
 def family(major: int, minor: int) -> str:
@@ -135,8 +138,72 @@ def gpu_labels(
     numa = {g.identity.numa_node for g in gpus if g.identity.numa_node is not None}
     if numa:
         labels[f"{p}gpu.numa-nodes"] = str(len(numa))
+
+    peers = snapshot.topology.nvlink_peers
+    kinds = {peer.kind for ps in peers.values() for peer in ps}
+    labels[f"{p}gpu.interconnect"] = (
+        "nvswitch" if "switch" in kinds else "nvlink" if "gpu" in kinds else "pcie"
+    )
+    fabrics = list(snapshot.topology.fabric.values())
+    if fabrics and len(fabrics) == len(gpus) and all(f.completed for f in fabrics):
+        domains = {f.cluster_uuid for f in fabrics}
+        cliques = {f.clique_id for f in fabrics}
+        if len(domains) == 1 and len(cliques) == 1:
+            domain = domains.pop()
+            labels[f"{p}nvlink.domain"] = label_value(domain)
+            labels[f"{p}nvlink.clique"] = label_value(f"{domain}.{cliques.pop()}")
     labels.update(net)
     return labels
+
+
+def gpu_pair_relation(topology: GpuTopology, bus_ids: Mapping[int, str], i: int, j: int) -> str:
+    """nvidia-smi topo -m's cell for GPUs i and j: nv<N> when NVLink joins them, else PCIe."""
+    if i == j:
+        return "x"
+    pi, pj = topology.nvlink_peers.get(i, ()), topology.nvlink_peers.get(j, ())
+    direct = sum(p.links for p in pi if p.kind == "gpu" and p.pci_bus_id == bus_ids.get(j))
+    if direct:
+        return f"nv{direct}"
+    if any(p.kind == "switch" for p in pi) and any(p.kind == "switch" for p in pj):
+        return f"nv{min(sum(p.links for p in pi), sum(p.links for p in pj))}"
+    return topology.pcie.get((min(i, j), max(i, j)), "sys")
+
+
+ANNOTATION_VERSION = 1
+
+
+def topology_annotation(
+    snapshot: GpuSnapshot | None, network: NetworkPlacement | None = None
+) -> str:
+    """`gpuscope.io/topology`: compact, key-sorted JSON (version 1) with, per GPU, its index,
+    UUID, PCI bus id, NUMA node and NVLink peers; the GPU x GPU matrix in `nvidia-smi topo
+    -m` terms (nv<N>, pix, pxb, phb, node, sys); and the GPU x NIC matrix."""
+    if snapshot is None or not snapshot.gpus:
+        return json.dumps({"v": ANNOTATION_VERSION, "gpus": []}, separators=(",", ":"))
+    topo = snapshot.topology
+    indices = [g.identity.index for g in snapshot.gpus]
+    bus = {g.identity.index: g.identity.pci_bus_id for g in snapshot.gpus}
+    doc: dict[str, object] = {
+        "v": ANNOTATION_VERSION,
+        "gpus": [
+            {
+                "i": g.identity.index,
+                "uuid": g.identity.uuid,
+                "pci": g.identity.pci_bus_id,
+                "numa": g.identity.numa_node,
+                "nvlink": [
+                    {"to": p.kind, "pci": p.pci_bus_id, "links": p.links}
+                    for p in topo.nvlink_peers.get(g.identity.index, ())
+                ],
+            }
+            for g in snapshot.gpus
+        ],
+        "gpu_gpu": [[gpu_pair_relation(topo, bus, i, j) for j in indices] for i in indices],
+    }
+    if network is not None:
+        doc["nics"] = [{"name": n, "rdma": r} for n, r, _ in network.gpu_nic]
+        doc["gpu_nic"] = [list(rel) for _, _, rel in network.gpu_nic]
+    return json.dumps(doc, separators=(",", ":"), sort_keys=True)
 
 
 def check(labels: Mapping[str, str]) -> None:
