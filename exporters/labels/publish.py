@@ -1,0 +1,146 @@
+"""Publishing node labels: on the Node itself, or as an NFD local feature file.
+
+Node mode patches only the agent's own keys. It records which keys it owns in an
+annotation, so a key it stops emitting is removed on the next publish while labels and
+annotations of anyone else are never in a patch at all. It patches only when something
+changed, with the Node's resourceVersion, and retries on conflict. File mode writes NFD's
+`features.d` format atomically (a dotfile, then rename), so NFD never reads half a file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("gpuscope.labels")
+
+OWNED = "owned-labels"  # annotation (under the prefix) listing the keys the agent wrote
+
+
+class PublishError(Exception):
+    """Publishing failed; the message is one line."""
+
+
+def node_patch(
+    current_labels: Mapping[str, str],
+    current_annotations: Mapping[str, str],
+    labels: Mapping[str, str],
+    annotations: Mapping[str, str],
+    prefix: str,
+) -> dict[str, dict[str, str | None]]:
+    """The merge patch that brings the Node's own-prefix keys to `labels`/`annotations`.
+
+    Pure, so the rules are tested on literal dicts. Empty dict: nothing to change.
+    """
+    owned_key = f"{prefix}{OWNED}"
+    owned = {k for k in current_annotations.get(owned_key, "").split(",") if k}
+    wanted = {**labels, **annotations}
+    for key in wanted:
+        if not key.startswith(prefix):
+            raise ValueError(f"refusing to write {key}: outside the agent's prefix {prefix}")
+    label_patch: dict[str, str | None] = {
+        k: v for k, v in labels.items() if current_labels.get(k) != v
+    }
+    annotation_patch: dict[str, str | None] = {
+        k: v for k, v in annotations.items() if current_annotations.get(k) != v
+    }
+    for key in sorted(owned - set(wanted)):
+        if not key.startswith(prefix):
+            continue  # a tampered list never makes us delete someone else's key
+        if key in current_labels:
+            label_patch[key] = None
+        if key in current_annotations:
+            annotation_patch[key] = None
+    owned_value = ",".join(sorted(wanted))
+    if not wanted:
+        if owned_key in current_annotations:
+            annotation_patch[owned_key] = None  # uninstalled: not even the list is left
+    elif current_annotations.get(owned_key) != owned_value:
+        annotation_patch[owned_key] = owned_value
+    patch: dict[str, dict[str, str | None]] = {}
+    if label_patch:
+        patch["labels"] = label_patch
+    if annotation_patch:
+        patch["annotations"] = annotation_patch
+    return patch
+
+
+class NodePublisher:
+    """Node mode, through lightkube. `client` is a `lightkube.Client`."""
+
+    def __init__(self, client: Any, node_name: str, prefix: str, *, attempts: int = 5) -> None:
+        self._client = client
+        self._node = node_name
+        self._prefix = prefix
+        self._attempts = attempts
+
+    def publish(self, labels: Mapping[str, str], annotations: Mapping[str, str]) -> bool:
+        """Bring the Node in line; True if it had to be patched."""
+        from lightkube import ApiError
+        from lightkube.resources.core_v1 import Node
+        from lightkube.types import PatchType
+
+        for attempt in range(self._attempts):
+            try:
+                node = self._client.get(Node, name=self._node)
+                meta = node.metadata
+                patch = node_patch(
+                    meta.labels or {}, meta.annotations or {}, labels, annotations, self._prefix
+                )
+                if not patch:
+                    return False
+                body = {"metadata": {**patch, "resourceVersion": meta.resourceVersion}}
+                self._client.patch(Node, self._node, body, patch_type=PatchType.MERGE)
+                return True
+            except ApiError as exc:
+                if exc.status.code == 409 and attempt + 1 < self._attempts:
+                    log.debug("node %s changed under us; retrying", self._node)
+                    continue
+                raise PublishError(
+                    f"patching node {self._node}: {exc.status.code} {exc.status.message}"
+                ) from exc
+            except Exception as exc:  # transport errors: one line for the log
+                raise PublishError(f"patching node {self._node}: {exc}") from exc
+        raise PublishError(f"patching node {self._node}: still conflicting after retries")
+
+    def remove(self) -> bool:
+        """Remove every key the agent owns (uninstall): nothing is left half-written."""
+        return self.publish({}, {})
+
+
+def features_file_text(labels: Mapping[str, str]) -> str:
+    """NFD's local feature file: one `name=value` per line (NFD keeps prefixed names as is)."""
+    lines = [f"{key}={labels[key]}" for key in sorted(labels)]
+    return (
+        "# Written by gpuscope; NFD's local source publishes these labels.\n"
+        + "\n".join(lines)
+        + "\n"
+    )
+
+
+def write_features_file(directory: Path, labels: Mapping[str, str], name: str = "gpuscope") -> bool:
+    """Write atomically into NFD's features.d; True if the content changed."""
+    path = directory / name
+    text = features_file_text(labels)
+    try:
+        if path.read_text() == text:
+            return False
+    except OSError:
+        pass
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return True
