@@ -134,3 +134,29 @@ def test_features_file_is_written_atomically_and_only_on_change(tmp_path: Path) 
     assert write_features_file(directory, {f"{P}gpu.count": "4"}) is True
     assert path.stat().st_ino != before  # replaced by rename, never rewritten in place
     assert sorted(os.listdir(directory)) == ["gpuscope"]  # no dotfile left behind
+
+
+def test_nodefeature_mode_object_shape(inprocess, api) -> None:
+    from exporters.labels.publish import NodeFeaturePublisher
+
+    server, client = api
+    h = inprocess("dgx-h100")
+    snap = h.gpu.collect()
+    owner = {"name": "gpuscope-abcde", "uid": "0f5e8c1a-1111-4222-8333-944455556666"}
+    pub = NodeFeaturePublisher(client, "gpu-node-1", "gpuscope", owner)
+    labels = gpu_labels(snap)
+    assert pub.publish(labels, snap) is True
+    obj = server.get_node_feature("gpuscope", "gpuscope-gpu-node-1")
+    assert obj is not None
+    assert obj["metadata"]["labels"] == {"nfd.node.kubernetes.io/node-name": "gpu-node-1"}
+    (ref,) = obj["metadata"]["ownerReferences"]
+    assert (ref["kind"], ref["name"], ref["uid"]) == ("Pod", owner["name"], owner["uid"])
+    assert obj["spec"]["labels"] == labels
+    gpus = obj["spec"]["features"]["instances"]["gpuscope.gpu"]["elements"]
+    assert len(gpus) == 8 and gpus[0]["attributes"]["memory_mib"] == "81559"
+    assert pub.publish(labels, snap) is False  # unchanged: no write
+    h.fake.lose_gpu(2)
+    snap = h.gpu.collect()
+    assert pub.publish(gpu_labels(snap), snap) is True
+    obj = server.get_node_feature("gpuscope", "gpuscope-gpu-node-1")
+    assert obj is not None and obj["spec"]["labels"][f"{P}gpu.healthy"] == "7"

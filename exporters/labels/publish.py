@@ -144,3 +144,103 @@ def write_features_file(directory: Path, labels: Mapping[str, str], name: str = 
         Path(tmp).unlink(missing_ok=True)
         raise
     return True
+
+
+NFD_GROUP, NFD_VERSION = "nfd.k8s-sigs.io", "v1alpha1"
+NFD_NODE_LABEL = "nfd.node.kubernetes.io/node-name"
+
+
+def gpu_instances(snapshot: Any) -> list[dict[str, dict[str, str]]]:
+    """Raw per-GPU attributes for NodeFeatureRules (`instances` in NFD's feature schema)."""
+    out = []
+    for g in getattr(snapshot, "gpus", ()):
+        ident = g.identity
+        attributes = {
+            "index": str(ident.index),
+            "uuid": ident.uuid,
+            "model": ident.model,
+            "pci_bus_id": ident.pci_bus_id,
+            "compute_capability": ident.compute_capability,
+            "architecture": ident.architecture,
+            "up": "true" if g.up else "false",
+        }
+        if ident.numa_node is not None:
+            attributes["numa_node"] = str(ident.numa_node)
+        if g.memory_total_bytes:
+            attributes["memory_mib"] = str(g.memory_total_bytes // (1024 * 1024))
+        out.append({"attributes": attributes})
+    return out
+
+
+class NodeFeaturePublisher:
+    """NFD NodeFeature mode: one object per node in the agent's namespace, owned by the agent
+    Pod (deleted with it), labels in `spec.labels`, raw per-GPU attributes in
+    `spec.features`. NodeFeature is a CRD, which takes merge patches only."""
+
+    def __init__(
+        self, client: Any, node_name: str, namespace: str, owner: Mapping[str, str] | None = None
+    ) -> None:
+        from lightkube.generic_resource import create_namespaced_resource
+
+        self._client = client
+        self._node = node_name
+        self._namespace = namespace
+        self._owner = owner  # {"name": pod name, "uid": pod uid}
+        self._kind = create_namespaced_resource(
+            NFD_GROUP, NFD_VERSION, "NodeFeature", "nodefeatures"
+        )
+        self.name = f"gpuscope-{node_name}"
+
+    def publish(self, labels: Mapping[str, str], snapshot: Any = None) -> bool:
+        from lightkube import ApiError
+        from lightkube.types import PatchType
+
+        spec = {
+            "labels": dict(labels),
+            "features": {
+                "flags": {},
+                "attributes": {},
+                "instances": {"gpuscope.gpu": {"elements": gpu_instances(snapshot)}},
+            },
+        }
+        try:
+            try:
+                current = self._client.get(self._kind, self.name, namespace=self._namespace)
+            except ApiError as exc:
+                if exc.status.code != 404:
+                    raise
+                self._client.create(self._kind(metadata=self._metadata(), spec=spec))
+                return True
+            if dict(current.spec or {}) == spec:
+                return False
+            body = {"metadata": {"resourceVersion": current.metadata.resourceVersion}, "spec": spec}
+            self._client.patch(
+                self._kind, self.name, body, namespace=self._namespace, patch_type=PatchType.MERGE
+            )
+            return True
+        except ApiError as exc:
+            raise PublishError(
+                f"NodeFeature {self._namespace}/{self.name}: {exc.status.code} {exc.status.message}"
+            ) from exc
+
+    def _metadata(self) -> Any:
+        from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
+
+        owners = None
+        if self._owner:
+            owners = [
+                OwnerReference(
+                    apiVersion="v1",
+                    kind="Pod",
+                    name=self._owner["name"],
+                    uid=self._owner["uid"],
+                    controller=False,
+                    blockOwnerDeletion=False,
+                )
+            ]
+        return ObjectMeta(
+            name=self.name,
+            namespace=self._namespace,
+            labels={NFD_NODE_LABEL: self._node},
+            ownerReferences=owners,
+        )
