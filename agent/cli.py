@@ -11,7 +11,9 @@ from collections.abc import Sequence
 
 from agent import logs
 from agent.app import Agent
-from agent.config import ConfigError, parse
+from agent.config import Config, ConfigError, parse
+from agent.gpu.source import GpuSource
+from agent.labels_loop import LabelsLoop, make_publisher
 from agent.server import MetricsServer
 
 log = logging.getLogger("gpuscope")
@@ -65,13 +67,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         server.port,
         config.node_name,
     )
+    labels = None
     try:
         agent.start()
+        labels = start_labels(config, agent)
         stop.wait()
     finally:
+        if labels is not None:
+            labels.stop()
         server.stop()
         agent.stop()
     return 0
+
+
+def start_labels(config: Config, agent: Agent) -> LabelsLoop | None:
+    publish = make_publisher(config)
+    if publish is None or "gpu" not in config.collectors:
+        return None
+    gpu = agent.source("gpu")
+    loop = LabelsLoop(config, agent.runner, gpu if isinstance(gpu, GpuSource) else None, publish)
+    loop.start()
+    return loop
 
 
 if __name__ == "__main__":  # pragma: no cover

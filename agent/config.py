@@ -42,6 +42,11 @@ class Config:
     bpf_max_sockets: int
     kernel_modules: Path
     kernel_headers: Path
+    labels_mode: str
+    labels_interval: float
+    label_prefix: str
+    labels_dir: Path
+    namespace: str
 
 
 def _env_name(flag: str) -> str:
@@ -102,6 +107,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--kernel-headers",
         "fallback kernel header tree for bcc (default /usr/src/gpuscope-kernel-headers)",
     )
+    add("--labels-mode", "node, nodefeature, file or none (default node)")
+    add("--labels-interval", "seconds between node label recomputations (default 60)")
+    add("--label-prefix", "prefix of the node labels (default gpuscope.io/)")
+    add(
+        "--labels-dir",
+        "NFD features.d directory for --labels-mode file "
+        "(default /etc/kubernetes/node-feature-discovery/features.d)",
+    )
+    add("--namespace", "the agent's namespace, for NodeFeature objects (default $POD_NAMESPACE)")
     p.add_argument("--version", action="version", version="%(prog)s " + _version())
     return p
 
@@ -149,6 +163,17 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
             f"--net-traffic-mode: expected auto, tracepoint or cgroup_skb, got {traffic_mode!r}"
         )
     cgroup_root = value("--cgroup-root", "")
+    labels_mode = value("--labels-mode", "node").lower()
+    if labels_mode not in ("node", "nodefeature", "file", "none"):
+        raise ConfigError(
+            f"--labels-mode: expected node, nodefeature, file or none, got {labels_mode!r}"
+        )
+    labels_interval = _number("--labels-interval", value("--labels-interval", "60"))
+    if labels_interval < 1:
+        raise ConfigError(f"--labels-interval: expected at least 1 second, got {labels_interval:g}")
+    prefix = value("--label-prefix", "gpuscope.io/")
+    if not prefix.endswith("/"):
+        prefix += "/"
     return Config(
         listen_host=host,
         listen_port=port,
@@ -169,6 +194,11 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
         bpf_max_sockets=_count("--bpf-max-sockets", value("--bpf-max-sockets", "262144")),
         kernel_modules=Path(value("--kernel-modules", "/lib/modules")),
         kernel_headers=Path(value("--kernel-headers", "/usr/src/gpuscope-kernel-headers")),
+        labels_mode=labels_mode,
+        labels_interval=labels_interval,
+        label_prefix=prefix,
+        labels_dir=Path(value("--labels-dir", "/etc/kubernetes/node-feature-discovery/features.d")),
+        namespace=value("--namespace", env.get("POD_NAMESPACE", "gpuscope")),
     )
 
 

@@ -9,44 +9,14 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from agent import logs
 from agent.config import ConfigError, parse
-from agent.gpu.device import sysfs_pci_address
 from agent.gpu.records import GpuSnapshot
 from agent.gpu.source import GpuConfig, GpuSource
-from agent.net.nic import read_nics
-from agent.pci import locate, nic_affinity, relationship
+from agent.placement import network_placement
 from agent.sources import SourceUnavailable
-from exporters.labels.gpu import NetworkPlacement, check, gpu_labels, topology_annotation
-
-
-def network_placement(sysfs: Path, snapshot: GpuSnapshot | None) -> NetworkPlacement | None:
-    """RDMA NICs and their PCIe distance to the GPUs; None when sysfs has no network class."""
-    try:
-        nics = read_nics(sysfs).nics
-    except SourceUnavailable:
-        return None
-    rdma = [locate(sysfs, n.pci_bus_id) for n in nics if n.rdma and n.pci_bus_id]
-    gpus = [
-        locate(sysfs, sysfs_pci_address(g.identity.pci_bus_id))
-        for g in (snapshot.gpus if snapshot else ())
-        if g.identity.pci_bus_id
-    ]
-    located = [(n, locate(sysfs, n.pci_bus_id)) for n in nics if n.pci_bus_id]
-    gpu_nic = tuple(
-        (n.device, n.rdma, tuple(relationship(g, where) if g else "" for g in gpus))
-        for n, where in located
-        if where is not None
-    )
-    return NetworkPlacement(
-        rdma_present=bool(rdma),
-        nic_affinity=nic_affinity(
-            [g for g in gpus if g is not None], [n for n in rdma if n is not None]
-        ),
-        gpu_nic=gpu_nic,
-    )
+from exporters.labels.gpu import check, gpu_labels, topology_annotation
 
 
 def labels_main(argv: Sequence[str]) -> int:

@@ -142,6 +142,8 @@ def main() -> int:
             f"127.0.0.1:{port}",
             "--kernel-headers",
             str(REPO / "build" / "kernel-headers" / "debian"),
+            "--labels-mode",
+            "none",  # no API server here; `gpuscope labels` shows what would be published
         ],
         cwd=REPO,
         env=env,

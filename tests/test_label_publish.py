@@ -160,3 +160,38 @@ def test_nodefeature_mode_object_shape(inprocess, api) -> None:
     assert pub.publish(gpu_labels(snap), snap) is True
     obj = server.get_node_feature("gpuscope", "gpuscope-gpu-node-1")
     assert obj is not None and obj["spec"]["labels"][f"{P}gpu.healthy"] == "7"
+
+
+def test_the_agent_labels_its_node_and_reacts_to_a_lost_gpu(
+    agent_process, fake_lib, tmp_path: Path
+) -> None:
+    from tests.conftest import wait_for
+    from tests.fakenvml.control import FakeNvml
+
+    fake = FakeNvml("dgx-h100", tmp_path / "state")
+    with KubeApiServer() as server:
+        server.add_node("gpu-node-1", labels=FOREIGN)
+        env = fake.env() | {"KUBECONFIG": str(server.kubeconfig(tmp_path / "kubeconfig"))}
+        agent_process(
+            "--collectors", "gpu", "--node-name", "gpu-node-1", "--labels-interval", "3600",
+            env=env,
+        )  # fmt: skip
+        wait_for(lambda: labels_of(server).get(f"{P}gpu.healthy") == "8", 10, "node labeled")
+        assert labels_of(server)["kubernetes.io/hostname"] == "gpu-node-1"
+        assert f"{P}topology" in annotations_of(server)
+        fake.lose_gpu(3)  # long before the next hourly recompute
+        wait_for(lambda: labels_of(server).get(f"{P}gpu.healthy") == "7", 10, "GPU loss seen")
+
+
+def test_the_agent_writes_the_features_file(agent_process, fake_lib, tmp_path: Path) -> None:
+    from tests.conftest import wait_for
+    from tests.fakenvml.control import FakeNvml
+
+    fake = FakeNvml("pcie-l40s", tmp_path / "state")
+    directory = tmp_path / "features.d"
+    agent_process(
+        "--collectors", "gpu", "--labels-mode", "file", "--labels-dir", str(directory),
+        env=fake.env(),
+    )  # fmt: skip
+    wait_for(lambda: (directory / "gpuscope").exists(), 10, "features file")
+    assert f"{P}gpu.product=NVIDIA-L40S" in (directory / "gpuscope").read_text()

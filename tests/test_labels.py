@@ -175,7 +175,7 @@ def test_no_fabric_no_domain_labels(inprocess) -> None:
 
 
 def test_topology_annotation_matrices(inprocess, tmp_path: Path) -> None:
-    from agent.labels_cli import network_placement
+    from agent.placement import network_placement
     from exporters.labels.gpu import topology_annotation
 
     h = inprocess("dgx-h100")

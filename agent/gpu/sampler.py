@@ -134,6 +134,7 @@ class Sampler:
         self._idle_threshold = idle_threshold
         self._states: dict[str, _GpuState] = {}
         self._published: Mapping[str, GpuIntegrals] = MappingProxyType({})
+        self._lost: frozenset[str] = frozenset()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._tick_lock = threading.Lock()
@@ -141,6 +142,11 @@ class Sampler:
     def set_devices(self, devices: Sequence[Device]) -> None:
         with self._tick_lock:
             self._devices = list(devices)
+
+    def lost(self) -> frozenset[str]:
+        """UUIDs of GPUs that stopped answering at the last tick: a cheap change signal for
+        consumers (node labels) that must react within a second, without an NVML call."""
+        return self._lost
 
     def integrals(self) -> Mapping[str, GpuIntegrals]:
         """The latest published integrals by GPU UUID (an immutable, atomically swapped map)."""
@@ -173,6 +179,7 @@ class Sampler:
             now = self._clock.monotonic()
             wall = self._clock.time()
             published: dict[str, GpuIntegrals] = {}
+            lost = set(self._lost)
             for device in self._devices:
                 uuid = device.identity.uuid
                 state = self._states.get(uuid)
@@ -182,12 +189,14 @@ class Sampler:
                     )
                 try:
                     self._sample(device, state, now, wall)
+                    lost.discard(uuid)
                 except GpuLost:
-                    pass  # the scrape reports it; integrals keep their last values
+                    lost.add(uuid)  # the scrape reports it; integrals keep their last values
                 except Exception:
                     log.exception("sampling GPU %d failed", device.identity.index)
                 published[uuid] = _integrals(state)
             self._published = MappingProxyType(published)
+            self._lost = frozenset(lost)
 
     def _sample(self, device: Device, state: _GpuState, now: float, wall: float) -> None:
         nvml, h = self._nvml, device.handle

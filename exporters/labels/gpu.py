@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from agent.gpu.records import GpuReading, GpuSnapshot, GpuTopology
+from agent.placement import NetworkPlacement
 from exporters.labels.values import MAX_LENGTH, is_valid_value, label_value
 
 MIB = 1024 * 1024
@@ -36,16 +36,6 @@ FAMILIES: tuple[tuple[tuple[int, int], str], ...] = (
     ((5, 0), "maxwell"),
     ((3, 0), "kepler"),
 )
-
-
-@dataclass(frozen=True, slots=True)
-class NetworkPlacement:
-    """Where the node's RDMA NICs sit relative to its GPUs (computed by the agent)."""
-
-    rdma_present: bool
-    nic_affinity: str  # pix | pxb | phb | node | sys | none
-    # Per NIC (netdev name, RDMA-capable), its PCIe relation to each GPU in index order.
-    gpu_nic: tuple[tuple[str, bool, tuple[str, ...]], ...] = ()
 
 
 def family(major: int, minor: int) -> str:

@@ -1,0 +1,140 @@
+"""Keeps the node's labels true: recomputed every `--labels-interval` seconds and within a
+second of a GPU being lost or coming back (the sampler notices without an NVML call).
+
+Publishing failures (no API server, RBAC) are logged once per change and retried on the
+next round; they never touch the metrics path.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from agent.config import Config
+from agent.gpu.records import GpuSnapshot
+from agent.gpu.source import GpuSource
+from agent.placement import network_placement
+from agent.sources import SourceRunner
+from exporters.labels.gpu import gpu_labels, topology_annotation
+from exporters.labels.publish import (
+    NodeFeaturePublisher,
+    NodePublisher,
+    write_features_file,
+)
+
+log = logging.getLogger("gpuscope.labels")
+
+Publish = Callable[[Mapping[str, str], Mapping[str, str], GpuSnapshot | None], bool]
+
+
+def make_publisher(config: Config) -> Publish | None:
+    """The publishing function for --labels-mode; None for `none`."""
+    mode = config.labels_mode
+    if mode == "none":
+        return None
+    if mode == "file":
+        directory = config.labels_dir
+
+        def to_file(labels: Mapping[str, str], _a: Mapping[str, str], _s: Any) -> bool:
+            return write_features_file(directory, labels)
+
+        return to_file
+
+    client: list[Any] = []
+
+    def api() -> Any:
+        if not client:
+            from lightkube import Client
+
+            client.append(Client())  # in-cluster config, else $KUBECONFIG / ~/.kube/config
+        return client[0]
+
+    if mode == "node":
+
+        def to_node(labels: Mapping[str, str], annotations: Mapping[str, str], _s: Any) -> bool:
+            return NodePublisher(api(), config.node_name, config.label_prefix).publish(
+                labels, annotations
+            )
+
+        return to_node
+
+    owner = None
+    if os.environ.get("POD_NAME") and os.environ.get("POD_UID"):
+        owner = {"name": os.environ["POD_NAME"], "uid": os.environ["POD_UID"]}
+
+    def to_nodefeature(labels: Mapping[str, str], _a: Mapping[str, str], snap: Any) -> bool:
+        publisher = NodeFeaturePublisher(api(), config.node_name, config.namespace, owner)
+        return publisher.publish(labels, snap)
+
+    return to_nodefeature
+
+
+class LabelsLoop:
+    def __init__(
+        self, config: Config, runner: SourceRunner, gpu: GpuSource | None, publish: Publish
+    ) -> None:
+        self._config = config
+        self._runner = runner
+        self._gpu = gpu
+        self._publish = publish
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_error: str | None = None
+        self.rounds = 0
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="labels", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def run_once(self) -> None:
+        collection = self._runner.collect()
+        snapshot = collection.records("gpu")
+        snap = snapshot if isinstance(snapshot, GpuSnapshot) else None
+        sysfs: Path = self._config.sysfs
+        placement = network_placement(sysfs, snap)
+        prefix = self._config.label_prefix
+        labels = gpu_labels(snap, prefix, network=placement)
+        annotations = (
+            {f"{prefix}topology": topology_annotation(snap, placement)}
+            if snap is not None and snap.gpus
+            else {}
+        )
+        try:
+            changed = self._publish(labels, annotations, snap)
+        except Exception as exc:  # noqa: BLE001 - publishing must never stop the agent
+            message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            if message != self._last_error:
+                log.error("publishing node labels failed: %s", message)
+            self._last_error = message
+            return
+        if self._last_error is not None:
+            log.info("publishing node labels recovered")
+        self._last_error = None
+        self.rounds += 1
+        if changed:
+            log.info("node labels published (%s)", self._config.labels_mode)
+
+    def _lost(self) -> frozenset[str]:
+        sampler = self._gpu.sampler if self._gpu is not None else None
+        return sampler.lost() if sampler is not None else frozenset()
+
+    def _run(self) -> None:
+        interval = self._config.labels_interval
+        lost = self._lost()
+        self.run_once()
+        waited = 0.0
+        while not self._stop.wait(1.0):
+            waited += 1.0
+            now_lost = self._lost()
+            if now_lost != lost or waited >= interval:
+                lost, waited = now_lost, 0.0
+                self.run_once()

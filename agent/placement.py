@@ -1,0 +1,49 @@
+"""Where the RDMA NICs sit relative to the GPUs, for node labels: read from sysfs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.gpu.device import sysfs_pci_address
+from agent.gpu.records import GpuSnapshot
+from agent.net.nic import read_nics
+from agent.pci import locate, nic_affinity, relationship
+from agent.sources import SourceUnavailable
+
+
+@dataclass(frozen=True, slots=True)
+class NetworkPlacement:
+    """Where the node's RDMA NICs sit relative to its GPUs (computed by the agent)."""
+
+    rdma_present: bool
+    nic_affinity: str  # pix | pxb | phb | node | sys | none
+    # Per NIC (netdev name, RDMA-capable), its PCIe relation to each GPU in index order.
+    gpu_nic: tuple[tuple[str, bool, tuple[str, ...]], ...] = ()
+
+
+def network_placement(sysfs: Path, snapshot: GpuSnapshot | None) -> NetworkPlacement | None:
+    """RDMA NICs and their PCIe distance to the GPUs; None when sysfs has no network class."""
+    try:
+        nics = read_nics(sysfs).nics
+    except SourceUnavailable:
+        return None
+    rdma = [locate(sysfs, n.pci_bus_id) for n in nics if n.rdma and n.pci_bus_id]
+    gpus = [
+        locate(sysfs, sysfs_pci_address(g.identity.pci_bus_id))
+        for g in (snapshot.gpus if snapshot else ())
+        if g.identity.pci_bus_id
+    ]
+    located = [(n, locate(sysfs, n.pci_bus_id)) for n in nics if n.pci_bus_id]
+    gpu_nic = tuple(
+        (n.device, n.rdma, tuple(relationship(g, where) if g else "" for g in gpus))
+        for n, where in located
+        if where is not None
+    )
+    return NetworkPlacement(
+        rdma_present=bool(rdma),
+        nic_affinity=nic_affinity(
+            [g for g in gpus if g is not None], [n for n in rdma if n is not None]
+        ),
+        gpu_nic=gpu_nic,
+    )
