@@ -2,6 +2,7 @@
 
 Users run it on a node to see what a scheduler will see. It starts the GPU source once,
 reads every GPU, and prints a table (default) or JSON (`--output json`).
+`gpuscope labels --remove --node-name N` takes the agent's keys off Node N (uninstall).
 """
 
 from __future__ import annotations
@@ -19,9 +20,29 @@ from agent.sources import SourceUnavailable
 from exporters.labels.gpu import check, gpu_labels, topology_annotation
 
 
+def remove_from_node(node: str, prefix: str) -> int:
+    """`gpuscope labels --remove`: take every key the agent owns off the Node (uninstall)."""
+    from lightkube import Client
+
+    from exporters.labels.publish import NodePublisher
+
+    try:
+        changed = NodePublisher(Client(), node, prefix).remove()
+    except Exception as exc:  # noqa: BLE001 - API and config errors alike: one line
+        print(
+            f"gpuscope labels: {str(exc).splitlines()[0] if str(exc) else exc!r}", file=sys.stderr
+        )
+        return 1
+    print(f"removed gpuscope's labels from node {node}" if changed else "nothing to remove")
+    return 0
+
+
 def labels_main(argv: Sequence[str]) -> int:
     args = list(argv)
     output, prefix = "table", "gpuscope.io/"
+    remove = "--remove" in args
+    if remove:
+        args.remove("--remove")
     for flag in ("--output", "--label-prefix"):
         while flag in args:
             i = args.index(flag)
@@ -44,6 +65,8 @@ def labels_main(argv: Sequence[str]) -> int:
         print(f"gpuscope labels: {exc}", file=sys.stderr)
         return 2
     logs.setup(config.log_format, "warning")
+    if remove:
+        return remove_from_node(config.node_name, prefix)
 
     source = GpuSource(GpuConfig(sysfs=config.sysfs, background=False))
     snapshot: GpuSnapshot | None = None

@@ -195,3 +195,24 @@ def test_the_agent_writes_the_features_file(agent_process, fake_lib, tmp_path: P
     )  # fmt: skip
     wait_for(lambda: (directory / "gpuscope").exists(), 10, "features file")
     assert f"{P}gpu.product=NVIDIA-L40S" in (directory / "gpuscope").read_text()
+
+
+def test_labels_remove_cleans_the_node_for_uninstall(tmp_path: Path) -> None:
+    import subprocess
+
+    from tests.conftest import GPUSCOPE, REPO
+
+    with KubeApiServer() as server:
+        server.add_node(
+            "gpu-node-1",
+            labels={**FOREIGN, f"{P}gpu.count": "8"},
+            annotations={f"{P}owned-labels": f"{P}gpu.count", "team": "ml"},
+        )
+        env = os.environ | {"KUBECONFIG": str(server.kubeconfig(tmp_path / "kubeconfig"))}
+        result = subprocess.run(
+            [*GPUSCOPE, "labels", "--remove", "--node-name", "gpu-node-1"],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert labels_of(server) == FOREIGN
+        assert annotations_of(server) == {"team": "ml"}
