@@ -1,0 +1,140 @@
+"""The pods of this node, kept current by a list + watch on the Kubernetes API (lightkube).
+
+Only this node's pods are requested (`fieldSelector=spec.nodeName=<node>`), so the cost
+does not grow with the cluster. A watch that ends is resumed from the last resourceVersion;
+a 410 Gone (history compacted) relists and replaces the cache, so pods deleted meanwhile
+disappear and none are duplicated. While the API server is unreachable the last known
+pods stay (series keep their names) and the connection is retried with a backoff.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from agent.k8s.workloads import DEFAULT_ORDER, Workload, resolve
+
+log = logging.getLogger("gpuscope.k8s.pods")
+
+
+@dataclass(frozen=True, slots=True)
+class PodMeta:
+    uid: str
+    namespace: str
+    name: str
+    workload: Workload
+
+
+def pod_meta(obj: Mapping[str, Any], order: Sequence[str] = DEFAULT_ORDER) -> PodMeta:
+    meta = obj.get("metadata") or {}
+    return PodMeta(
+        uid=str(meta.get("uid", "")),
+        namespace=str(meta.get("namespace", "")),
+        name=str(meta.get("name", "")),
+        workload=resolve(obj, order),
+    )
+
+
+class PodWatcher:
+    def __init__(
+        self,
+        client_factory: Callable[[], Any],
+        node_name: str,
+        *,
+        order: Sequence[str] = DEFAULT_ORDER,
+        backoff_first: float = 1.0,
+        backoff_max: float = 30.0,
+        watch_timeout: int = 300,
+    ) -> None:
+        self._client_factory = client_factory
+        self._node = node_name
+        self._order = tuple(order)
+        self._backoff_first = backoff_first
+        self._backoff_max = backoff_max
+        self._watch_timeout = watch_timeout
+        self._pods: Mapping[str, PodMeta] = MappingProxyType({})
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.synced = threading.Event()  # set after the first successful list
+        self.lists = 0
+        self.error: str | None = None
+
+    def pods(self) -> Mapping[str, PodMeta]:
+        """This node's pods by UID (an immutable map, swapped atomically)."""
+        return self._pods
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="pod-watcher", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 1.0) -> None:
+        """Stop; a watch blocked on a quiet API server ends by itself (daemon thread)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=timeout)
+
+    def _run(self) -> None:
+        delay = self._backoff_first
+        client: Any = None
+        while not self._stop.is_set():
+            try:
+                if client is None:
+                    client = self._client_factory()
+                rv = self._list(client)
+                delay = self._backoff_first
+                self._watch(client, rv)  # returns when the history expired: relist
+            except Exception as exc:  # noqa: BLE001 - any failure: keep the last pods, retry
+                message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                if message != self.error:
+                    log.warning("watching pods of node %s: %s", self._node, message)
+                self.error = message
+                client = None
+                self._stop.wait(delay)
+                delay = min(self._backoff_max, delay * 2)
+
+    def _list(self, client: Any) -> str:
+        from lightkube.resources.core_v1 import Pod
+
+        listing = client.list(Pod, namespace="*", fields={"spec.nodeName": self._node})
+        pods = {}
+        for obj in listing:
+            meta = pod_meta(obj.to_dict(), self._order)
+            pods[meta.uid] = meta
+        self._pods = MappingProxyType(pods)
+        self.lists += 1
+        if self.error is not None:
+            log.info("watching pods of node %s: recovered", self._node)
+        self.error = None
+        self.synced.set()
+        return str(listing.resourceVersion)
+
+    def _watch(self, client: Any, rv: str) -> None:
+        from lightkube import ApiError
+        from lightkube.resources.core_v1 import Pod
+
+        try:
+            for op, obj in client.watch(
+                Pod,
+                namespace="*",
+                fields={"spec.nodeName": self._node},
+                resource_version=rv,
+                server_timeout=self._watch_timeout,
+            ):
+                if self._stop.is_set():
+                    return
+                meta = pod_meta(obj.to_dict(), self._order)
+                pods = dict(self._pods)
+                if op == "DELETED":
+                    pods.pop(meta.uid, None)
+                else:
+                    pods[meta.uid] = meta
+                self._pods = MappingProxyType(pods)
+        except ApiError as exc:
+            if exc.status.code == 410:
+                log.debug("pod watch expired (410 Gone): relisting")
+                return
+            raise
