@@ -44,33 +44,29 @@ def make_publisher(config: Config) -> Publish | None:
 
         return to_file
 
-    client: list[Any] = []
+    # Built on first use, not here: without API access yet, the failure belongs to a round.
+    made: list[Any] = []
 
-    def api() -> Any:
-        if not client:
+    def publisher() -> Any:
+        if not made:
             from lightkube import Client
 
-            client.append(Client())  # in-cluster config, else $KUBECONFIG / ~/.kube/config
-        return client[0]
+            client = Client()  # in-cluster config, else $KUBECONFIG / ~/.kube/config
+            if mode == "node":
+                made.append(NodePublisher(client, config.node_name, config.label_prefix))
+            else:
+                owner = None
+                if os.environ.get("POD_NAME") and os.environ.get("POD_UID"):
+                    owner = {"name": os.environ["POD_NAME"], "uid": os.environ["POD_UID"]}
+                made.append(NodeFeaturePublisher(client, config.node_name, config.namespace, owner))
+        return made[0]
 
-    if mode == "node":
+    def to_api(labels: Mapping[str, str], annotations: Mapping[str, str], snap: Any) -> bool:
+        if mode == "node":
+            return bool(publisher().publish(labels, annotations))
+        return bool(publisher().publish(labels, snap))
 
-        def to_node(labels: Mapping[str, str], annotations: Mapping[str, str], _s: Any) -> bool:
-            return NodePublisher(api(), config.node_name, config.label_prefix).publish(
-                labels, annotations
-            )
-
-        return to_node
-
-    owner = None
-    if os.environ.get("POD_NAME") and os.environ.get("POD_UID"):
-        owner = {"name": os.environ["POD_NAME"], "uid": os.environ["POD_UID"]}
-
-    def to_nodefeature(labels: Mapping[str, str], _a: Mapping[str, str], snap: Any) -> bool:
-        publisher = NodeFeaturePublisher(api(), config.node_name, config.namespace, owner)
-        return publisher.publish(labels, snap)
-
-    return to_nodefeature
+    return to_api
 
 
 class LabelsLoop:
@@ -96,7 +92,7 @@ class LabelsLoop:
             self._thread.join(timeout=10)
 
     def run_once(self) -> None:
-        collection = self._runner.collect()
+        collection = self._runner.collect(only=("gpu",))  # the labels need nothing else
         snapshot = collection.records("gpu")
         snap = snapshot if isinstance(snapshot, GpuSnapshot) else None
         sysfs: Path = self._config.sysfs

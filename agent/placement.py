@@ -28,22 +28,20 @@ def network_placement(sysfs: Path, snapshot: GpuSnapshot | None) -> NetworkPlace
         nics = read_nics(sysfs).nics
     except SourceUnavailable:
         return None
-    rdma = [locate(sysfs, n.pci_bus_id) for n in nics if n.rdma and n.pci_bus_id]
     gpus = [
         locate(sysfs, sysfs_pci_address(g.identity.pci_bus_id))
         for g in (snapshot.gpus if snapshot else ())
         if g.identity.pci_bus_id
     ]
-    located = [(n, locate(sysfs, n.pci_bus_id)) for n in nics if n.pci_bus_id]
+    located = [(n, where) for n in nics if n.pci_bus_id and (where := locate(sysfs, n.pci_bus_id))]
     gpu_nic = tuple(
         (n.device, n.rdma, tuple(relationship(g, where) if g else "" for g in gpus))
         for n, where in located
-        if where is not None
     )
     return NetworkPlacement(
-        rdma_present=bool(rdma),
+        rdma_present=any(n.rdma for n in nics),
         nic_affinity=nic_affinity(
-            [g for g in gpus if g is not None], [n for n in rdma if n is not None]
+            [g for g in gpus if g is not None], [where for n, where in located if n.rdma]
         ),
         gpu_nic=gpu_nic,
     )

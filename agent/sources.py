@@ -129,12 +129,15 @@ class SourceRunner:
         self._started.add(source.name)
         return None
 
-    def collect(self) -> Collection:
-        """Collect from every source. Concurrent callers are serialized (NVML is not free)."""
+    def collect(self, only: Iterable[str] | None = None) -> Collection:
+        """Collect from every source (or the named ones). Concurrent callers are serialized
+        (NVML is not free)."""
+        wanted = None if only is None else set(only)
         with self._lock:
             results: dict[str, SourceResult[object]] = {}
             for source in self._sources:
-                results[source.name] = self._collect_one(source)
+                if wanted is None or source.name in wanted:
+                    results[source.name] = self._collect_one(source)
             return Collection(results=results, collected_at=time.time())
 
     def _collect_one(self, source: Source[object]) -> SourceResult[object]:

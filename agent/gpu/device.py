@@ -250,17 +250,22 @@ class _FieldBatch:
     nvlinks: tuple[NvLink, ...]
 
 
-def _read_fields(nvml: Nvml, device: Device) -> _FieldBatch:
-    """All field values of one device in one nvmlDeviceGetFieldValues call."""
+def nvlink_count(nvml: Nvml, device: Device) -> int:
+    """The device's NVLink count (0 without NVLink), asked of NVML once and remembered."""
     if device.nvlink_count is None:
         (count,) = nvml.field_values(device.handle, [(fields.NVLINK_LINK_COUNT, 0)])
         device.nvlink_count = int(count) if count is not None else 0
-    request = fields.device_fields(device.nvlink_count)
+    return device.nvlink_count
+
+
+def _read_fields(nvml: Nvml, device: Device) -> _FieldBatch:
+    """All field values of one device in one nvmlDeviceGetFieldValues call."""
+    request = fields.device_fields(nvlink_count(nvml, device))
     values = nvml.field_values(device.handle, request.ids)
     got = dict(zip(request.keys, values, strict=True))
 
     links: list[NvLink] = []
-    for link in range(device.nvlink_count):
+    for link in range(nvlink_count(nvml, device)):
         state = got.get(("nvlink_state", link))
         tx_kib = got.get(("nvlink_tx", link))
         rx_kib = got.get(("nvlink_rx", link))

@@ -9,7 +9,7 @@ import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
-from agent.gpu.device import Device
+from agent.gpu.device import Device, nvlink_count
 from agent.gpu.nvml import GpuLost, Nvml, text
 from agent.gpu.records import Fabric, GpuTopology, NvLinkPeer
 
@@ -43,12 +43,8 @@ def read_topology(nvml: Nvml, devices: Sequence[Device]) -> GpuTopology:
 
 
 def _peers(nvml: Nvml, device: Device) -> tuple[NvLinkPeer, ...]:
-    count = device.nvlink_count
-    if count is None:
-        (value,) = nvml.field_values(device.handle, [(91, 0)])  # NVML_FI_DEV_NVLINK_LINK_COUNT
-        count = int(value) if value is not None else 0
     ends: Counter[tuple[str, str]] = Counter()
-    for link in range(count):
+    for link in range(nvlink_count(nvml, device)):
         kind = nvml.query("nvmlDeviceGetNvLinkRemoteDeviceType", device.handle, link)
         if kind is None:
             continue
