@@ -210,6 +210,7 @@ def _read(
         utilization_ratio=util.gpu / 100.0 if util is not None else None,
         memory_utilization_ratio=util.memory / 100.0 if util is not None else None,
         busy_seconds=integrals.busy_seconds,
+        idle_seconds=integrals.idle_seconds,
         last_active_timestamp=integrals.last_active_timestamp,
         memory_used_bytes=int(memory.used) if memory is not None else None,
         memory_total_bytes=int(memory.total) if memory is not None else None,

@@ -45,10 +45,21 @@ class NvLink:
 
 
 @dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """A process with a CUDA context on the GPU (a host PID)."""
+
+    pid: int
+    used_memory_bytes: int | None  # None where NVML cannot tell (Windows WDDM, some vGPU)
+    sm_utilization_ratio: float | None  # mean over the window since the last read; None on MIG
+    mig_uuid: str = ""  # the MIG instance it runs in, "" outside MIG
+
+
+@dataclass(frozen=True, slots=True)
 class GpuIntegrals:
     """Values that only exist as integrals over time; kept by the sampler between scrapes."""
 
     busy_seconds: float | None = None
+    idle_seconds: float | None = None
     last_active_timestamp: float | None = None
     pcie_transmit_bytes: float | None = None
     pcie_receive_bytes: float | None = None
@@ -65,6 +76,7 @@ class GpuReading:
     utilization_ratio: float | None = None
     memory_utilization_ratio: float | None = None
     busy_seconds: float | None = None
+    idle_seconds: float | None = None  # integral of time at or below --idle-threshold
     last_active_timestamp: float | None = None
     memory_used_bytes: int | None = None
     memory_total_bytes: int | None = None
@@ -90,6 +102,7 @@ class GpuReading:
     row_remap_failure: bool | None = None
     xid_errors: Mapping[int, int] = field(default_factory=dict)
     mig_instances: tuple[MigInstance, ...] = ()
+    processes: tuple[GpuProcess, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,6 +47,7 @@ class UtilizationIntegrator:
     def __init__(self, idle_threshold: float) -> None:
         self.idle_threshold = idle_threshold
         self.busy_seconds = 0.0
+        self.idle_seconds = 0.0  # time at or below the threshold: the reserved-but-idle clock
         self.last_active: float | None = None
         self._last_sample_us: int | None = None
         self._last_rate_at: float | None = None
@@ -71,6 +72,8 @@ class UtilizationIntegrator:
                 self.last_active = ts / 1e6
             if previous is not None:
                 self.busy_seconds += ratio * (ts - previous) / 1e6
+                if ratio <= self.idle_threshold:
+                    self.idle_seconds += (ts - previous) / 1e6
 
     def add_rate(self, monotonic: float, wall: float, percent: float) -> None:
         """Add one utilization reading, held since the previous one.
@@ -81,6 +84,8 @@ class UtilizationIntegrator:
         ratio = percent / 100.0
         if self._last_rate_at is not None and monotonic > self._last_rate_at:
             self.busy_seconds += ratio * (monotonic - self._last_rate_at)
+            if ratio <= self.idle_threshold:
+                self.idle_seconds += monotonic - self._last_rate_at
         self._last_rate_at = monotonic
         if ratio > self.idle_threshold:
             self.last_active = wall
@@ -291,6 +296,7 @@ def _integrals(state: _GpuState) -> GpuIntegrals:
     supported = state.util_mode in (UtilMode.SAMPLES, UtilMode.RATES)
     return GpuIntegrals(
         busy_seconds=state.util.busy_seconds if supported else None,
+        idle_seconds=state.util.idle_seconds if supported else None,
         last_active_timestamp=state.util.last_active if supported else None,
         pcie_transmit_bytes=state.pcie_tx.total if state.pcie_tx else None,
         pcie_receive_bytes=state.pcie_rx.total if state.pcie_rx else None,

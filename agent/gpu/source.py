@@ -8,12 +8,13 @@ threads accumulated. One lost GPU yields `up=False` for that GPU alone.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from agent.clock import Clock, SystemClock
 from agent.gpu import device as dev
 from agent.gpu.nvml import GpuLost, Nvml, NvmlCallError, text
+from agent.gpu.processes import ProcessReader
 from agent.gpu.records import GpuIdentity, GpuIntegrals, GpuReading, GpuSnapshot, GpuTopology
 from agent.gpu.sampler import Sampler
 from agent.gpu.topology import read_topology
@@ -29,6 +30,7 @@ class GpuConfig:
     nvlink_per_link: bool = False
     sysfs: Path = Path("/sys")
     background: bool = True  # False: tests drive `sampler.tick()` themselves
+    processes: bool = True  # read GPU processes (for pod attribution)
 
 
 class GpuSource:
@@ -44,6 +46,7 @@ class GpuSource:
         self._undiscovered: list[int] = []
         self.sampler: Sampler | None = None
         self.xid: XidWatcher | None = None
+        self.processes = ProcessReader(self.nvml)
         self.topology = GpuTopology()
         self.driver_version = ""
         self.cuda_driver_version = ""
@@ -114,7 +117,10 @@ class GpuSource:
         for device in self.devices:
             uuid = device.identity.uuid
             xids = self.xid.counts(uuid) if self.xid is not None else {}
-            readings.append(dev.read(self.nvml, device, integrals.get(uuid, empty), xids))
+            reading = dev.read(self.nvml, device, integrals.get(uuid, empty), xids)
+            if reading.up and self.config.processes:
+                reading = self._with_processes(device, reading)
+            readings.append(reading)
         for index in self._undiscovered:
             readings.append(GpuReading(identity=_unknown(index), up=False))
         readings.sort(key=lambda r: r.identity.index)
@@ -126,6 +132,13 @@ class GpuSource:
             nvlink_per_link=self.config.nvlink_per_link,
             topology=self.topology,
         )
+
+    def _with_processes(self, device: dev.Device, reading: GpuReading) -> GpuReading:
+        try:
+            procs = self.processes.read(device, reading.mig_instances)
+        except GpuLost:
+            return GpuReading(identity=reading.identity, up=False, xid_errors=reading.xid_errors)
+        return replace(reading, processes=procs) if procs else reading
 
     def stop(self) -> None:
         if self.xid is not None:
