@@ -6,11 +6,13 @@ with their own clock; the command line builds one from flags.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 
 from prometheus_client.registry import CollectorRegistry
 
+from agent.attribution.stage import Attributor
 from agent.clock import Clock, SystemClock
 from agent.config import Config
 from agent.gpu.source import GpuConfig, GpuSource
@@ -36,6 +38,28 @@ def build_sources(config: Config, clock: Clock, *, background: bool = True) -> l
                         background=background,
                     ),
                     clock=clock,
+                )
+            )
+        elif name == "kubelet":
+            from agent.k8s.kubelet_source import KubeletSource
+
+            sources.append(
+                KubeletSource(
+                    config.kubelet_socket,
+                    interval=config.kubelet_interval,
+                    clock=clock,
+                    background=background,
+                )
+            )
+        elif name == "pods":
+            from agent.k8s.client import make_client
+            from agent.k8s.pods_source import PodsSource
+
+            sources.append(
+                PodsSource(
+                    functools.partial(make_client, config.kubeconfig),
+                    config.node_name,
+                    order=config.workload_order,
                 )
             )
         elif name == "nic":
@@ -85,10 +109,17 @@ class Agent:
             else build_sources(config, self.clock, background=background)
         )
         self.runner = SourceRunner(self.sources, clock=self.clock)
+        self.attributor = Attributor(
+            config.procfs, gpu_resource_names=config.gpu_resource_names, clock=self.clock
+        )
         self.registry = CollectorRegistry(auto_describe=False)
-        self.collector = GpuscopeCollector(self.runner.collect)
+        self.collector = GpuscopeCollector(self.collect)
         self.registry.register(self.collector)
         self._ready = threading.Event()
+
+    def collect(self) -> Collection:
+        """Every source, then attribution: what one scrape renders."""
+        return self.attributor.attribute(self.runner.collect())
 
     @property
     def ready(self) -> bool:
@@ -97,7 +128,7 @@ class Agent:
     def start(self) -> Collection:
         """Start every source and run the first full collection (then /readyz says ready)."""
         self.runner.start()
-        first = self.runner.collect()
+        first = self.collect()
         self._ready.set()
         failed = [r.name for r in first.results.values() if not r.success]
         log.info(

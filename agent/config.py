@@ -13,7 +13,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-AVAILABLE_COLLECTORS = ("gpu", "net", "nic", "rdma")
+from agent.k8s.workloads import DEFAULT_ORDER, RESOLVERS
+
+AVAILABLE_COLLECTORS = ("gpu", "net", "nic", "rdma", "kubelet", "pods")
 DEFAULT_COLLECTORS = AVAILABLE_COLLECTORS
 
 
@@ -47,6 +49,11 @@ class Config:
     label_prefix: str
     labels_dir: Path
     namespace: str
+    kubelet_socket: Path
+    kubelet_interval: float
+    gpu_resource_names: tuple[str, ...]
+    kubeconfig: Path | None
+    workload_order: tuple[str, ...]
 
 
 def _env_name(flag: str) -> str:
@@ -116,6 +123,25 @@ def build_parser() -> argparse.ArgumentParser:
         "(default /etc/kubernetes/node-feature-discovery/features.d)",
     )
     add("--namespace", "the agent's namespace, for NodeFeature objects (default $POD_NAMESPACE)")
+    add(
+        "--kubelet-socket",
+        "the kubelet's PodResources socket (default /var/lib/kubelet/pod-resources/kubelet.sock)",
+    )
+    add("--kubelet-interval", "seconds between PodResources polls (default 10)")
+    add(
+        "--gpu-resource-names",
+        "comma-separated extended resources that are GPUs, besides nvidia.com/mig-* "
+        "(default nvidia.com/gpu; add renamed shared resources such as nvidia.com/gpu.shared)",
+    )
+    add(
+        "--kubeconfig",
+        "kubeconfig for the Kubernetes API (default: in-cluster config, else $KUBECONFIG)",
+    )
+    add(
+        "--workload-order",
+        "comma-separated order in which pod workloads are resolved (default "
+        "jobset,kubeflow,volcano,lws,ray,job,owner; leave one out to ignore it)",
+    )
     p.add_argument("--version", action="version", version="%(prog)s " + _version())
     return p
 
@@ -171,6 +197,22 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
     labels_interval = _number("--labels-interval", value("--labels-interval", "60"))
     if labels_interval < 1:
         raise ConfigError(f"--labels-interval: expected at least 1 second, got {labels_interval:g}")
+    kubelet_interval = _number("--kubelet-interval", value("--kubelet-interval", "10"))
+    if not 1 <= kubelet_interval <= 600:
+        raise ConfigError(
+            f"--kubelet-interval: expected 1 to 600 seconds, got {kubelet_interval:g}"
+        )
+    resources = tuple(
+        dict.fromkeys(
+            r.strip()
+            for r in value("--gpu-resource-names", "nvidia.com/gpu").split(",")
+            if r.strip()
+        )
+    )
+    if not resources:
+        raise ConfigError("--gpu-resource-names: expected at least one resource name")
+    order = _workload_order(value("--workload-order", ",".join(DEFAULT_ORDER)))
+    kubeconfig = value("--kubeconfig", "")
     prefix = value("--label-prefix", "gpuscope.io/")
     if not prefix.endswith("/"):
         prefix += "/"
@@ -199,7 +241,25 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
         label_prefix=prefix,
         labels_dir=Path(value("--labels-dir", "/etc/kubernetes/node-feature-discovery/features.d")),
         namespace=value("--namespace", env.get("POD_NAMESPACE", "gpuscope")),
+        kubelet_socket=Path(
+            value("--kubelet-socket", "/var/lib/kubelet/pod-resources/kubelet.sock")
+        ),
+        kubelet_interval=kubelet_interval,
+        gpu_resource_names=resources,
+        kubeconfig=Path(kubeconfig) if kubeconfig else None,
+        workload_order=order,
     )
+
+
+def _workload_order(text: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    unknown = [n for n in names if n not in RESOLVERS]
+    if unknown or not names:
+        raise ConfigError(
+            f"--workload-order: unknown resolver {unknown[0] if unknown else '(none)'!r} "
+            f"(available: {', '.join(RESOLVERS)})"
+        )
+    return names
 
 
 def _listen(text: str) -> tuple[str, int]:

@@ -49,9 +49,9 @@ def make_publisher(config: Config) -> Publish | None:
 
     def publisher() -> Any:
         if not made:
-            from lightkube import Client
+            from agent.k8s.client import make_client
 
-            client = Client()  # in-cluster config, else $KUBECONFIG / ~/.kube/config
+            client = make_client(config.kubeconfig)
             if mode == "node":
                 made.append(NodePublisher(client, config.node_name, config.label_prefix))
             else:

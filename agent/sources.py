@@ -31,6 +31,18 @@ class SourceUnavailable(Exception):
     """
 
 
+class SourceStale(SourceUnavailable):
+    """The source failed, but holds the last records it read, still worth using.
+
+    The collection reports failure (`collector_success` 0) and carries `records`, so a later
+    stage can keep names it learned before an outage instead of dropping them.
+    """
+
+    def __init__(self, message: str, records: object) -> None:
+        super().__init__(message)
+        self.records = records
+
+
 class Source(Protocol[R_co]):
     """One reader of the world. `collect` returns immutable records or raises."""
 
@@ -76,6 +88,7 @@ class Collection:
 
     results: Mapping[str, SourceResult[object]]
     collected_at: float
+    attribution: object | None = None  # agent.attribution.records.Attribution, once joined
 
     def records(self, name: str) -> object | None:
         result = self.results.get(name)
@@ -147,6 +160,8 @@ class SourceRunner:
         if error is None:
             try:
                 records = source.collect()
+            except SourceStale as exc:
+                records, error = exc.records, _describe(exc)
             except Exception as exc:  # noqa: BLE001
                 error = _describe(exc)
         duration = time.perf_counter() - began

@@ -40,3 +40,7 @@ class Exposition:
 
     def by_label(self, name: str, label: str, **match: str) -> Mapping[str, float]:
         return {dict(labels)[label]: v for labels, v in self.series(name, **match).items()}
+
+    def rows(self, name: str, **match: str) -> list[tuple[dict[str, str], float]]:
+        """Every matching series as (labels as a dict, value), in exposition order."""
+        return [(dict(labels), v) for labels, v in self.series(name, **match).items()]

@@ -22,7 +22,7 @@ def test_defaults() -> None:
     c = parse([], env={"NODE_NAME": "gpu-node-7"})
     assert (c.listen_host, c.listen_port) == ("", 9400)
     assert c.sample_interval == 1.0
-    assert c.collectors == ("gpu", "net", "nic", "rdma")
+    assert c.collectors == ("gpu", "net", "nic", "rdma", "kubelet", "pods")
     assert c.node_name == "gpu-node-7"
     assert (c.log_format, c.log_level) == ("text", "info")
     assert (c.procfs, c.sysfs) == (Path("/proc"), Path("/sys"))
@@ -59,7 +59,8 @@ def test_environment_variables_and_flags_override_them() -> None:
         (["--idle-threshold", "5"], "--idle-threshold: expected a ratio from 0 to below 1, got 5"),
         (
             ["--collectors", "gpu,dcgm"],
-            "--collectors: unknown collector 'dcgm' (available: gpu, net, nic, rdma)",
+            "--collectors: unknown collector 'dcgm' "
+            "(available: gpu, net, nic, rdma, kubelet, pods)",
         ),
         (["--log-format", "xml"], "--log-format: expected json or text, got 'xml'"),
         (["--nvlink-per-link", "maybe"], "--nvlink-per-link: expected true or false, got 'maybe'"),

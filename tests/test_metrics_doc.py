@@ -65,5 +65,14 @@ def test_names_follow_the_unit_conventions() -> None:
                 "_active",
                 "_entries",
                 "_state",
+                "_allocated",
             )
         ), f"{m.name}: no base unit and not a state/info metric"
+
+
+def test_family_names_do_not_clash_in_openmetrics() -> None:
+    """OpenMetrics names a counter's family without `_total`: a gauge `x_seconds` and a
+    counter `x_seconds_total` would be two families called `x_seconds`, and Prometheus, which
+    asks for OpenMetrics first, would refuse the whole scrape."""
+    families = [m.family_name for m in METRICS]
+    assert len(families) == len(set(families)), sorted(f for f in families if families.count(f) > 1)

@@ -38,6 +38,10 @@ SNAPSHOT = NetSnapshot(
         PodNetwork(
             pod_uid=UID,
             container_id="",
+            namespace="ml-team",
+            pod="llama-ft-worker-0",
+            workload_kind="PyTorchJob",
+            workload="llama-ft",
             transmit_bytes={"tcp": 10_000_000},
             receive_bytes={"tcp": 250_000},
             transmit_calls={"tcp": 153},
@@ -111,7 +115,10 @@ def test_histogram_text_equals_prometheus_client() -> None:
     out = Families()
     render_net(SNAPSHOT, out)
     out.add_histogram(
-        "gpuscope_pod_tcp_rtt_seconds", ('we"ird\\', "c\n1"), [(0.5, 1), (float("inf"), 2)], 1.5
+        "gpuscope_pod_tcp_rtt_seconds",
+        ("ns", 'we"ird\\', "c\n1", "Job", "j", "c"),
+        [(0.5, 1), (float("inf"), 2)],
+        1.5,
     )
 
     class Fixed:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -27,15 +27,27 @@ class PodMeta:
     namespace: str
     name: str
     workload: Workload
+    # Container runtime id (the hex id in the container's cgroup name) -> container name:
+    # what turns a GPU process's cgroup into the container a user named.
+    containers: Mapping[str, str] = field(default_factory=dict)
 
 
 def pod_meta(obj: Mapping[str, Any], order: Sequence[str] = DEFAULT_ORDER) -> PodMeta:
     meta = obj.get("metadata") or {}
+    status = obj.get("status") or {}
+    containers: dict[str, str] = {}
+    for key in ("initContainerStatuses", "containerStatuses", "ephemeralContainerStatuses"):
+        for cs in status.get(key) or ():
+            runtime_id = str(cs.get("containerID") or "")
+            if runtime_id and cs.get("name"):
+                # "containerd://<id>", "cri-o://<id>", "docker://<id>"
+                containers[runtime_id.rpartition("://")[2]] = str(cs["name"])
     return PodMeta(
         uid=str(meta.get("uid", "")),
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),
         workload=resolve(obj, order),
+        containers=MappingProxyType(containers),
     )
 
 

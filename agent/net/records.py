@@ -16,6 +16,12 @@ class PodNetwork:
 
     pod_uid: str
     container_id: str
+    # Filled in by the attribution stage from the Kubernetes API; empty until it knows.
+    namespace: str = ""
+    pod: str = ""
+    workload_kind: str = ""
+    workload: str = ""
+    container: str = ""  # the container's name where known, else its id (per-container mode)
     transmit_bytes: Mapping[str, int] = field(default_factory=dict)  # by protocol
     receive_bytes: Mapping[str, int] = field(default_factory=dict)
     transmit_calls: Mapping[str, int] = field(default_factory=dict)

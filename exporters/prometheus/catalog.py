@@ -11,6 +11,7 @@ from __future__ import annotations
 from exporters.prometheus.catalog_gpu import GPU_METRICS
 from exporters.prometheus.catalog_net import NET_METRICS
 from exporters.prometheus.catalog_nic import NIC_METRICS, RDMA_METRICS
+from exporters.prometheus.catalog_pods import ATTRIBUTION_METRICS
 from exporters.prometheus.spec import MetricSpec
 
 __all__ = ["BY_NAME", "METRICS", "ORDER", "MetricSpec"]
@@ -46,6 +47,7 @@ AGENT_METRICS: tuple[MetricSpec, ...] = (
 METRICS: tuple[MetricSpec, ...] = (
     *AGENT_METRICS,
     *GPU_METRICS,
+    *ATTRIBUTION_METRICS,
     *NET_METRICS,
     *NIC_METRICS,
     *RDMA_METRICS,

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from exporters.prometheus.spec import MetricSpec
 
-# Until attribution resolves pod names, pods are identified by UID. `container` is the
-# container id with --net-per-container, else empty (PromQL treats "" as absent).
-POD = ("pod_uid", "container")
-HOST_NOTE = 'One series set per pod with traffic, plus one for the host (`pod_uid=""`).'
+# Pods are identified by UID always, and by name and workload once the Kubernetes API has
+# named them (empty until then; the last known names stay while the API is unreachable).
+# `container` is set only with --net-per-container: the container's name, or its runtime id
+# where the API does not name it; else empty (PromQL treats "" as absent).
+POD = ("namespace", "pod", "pod_uid", "workload_kind", "workload", "container")
+HOST_NOTE = 'One series set per pod with traffic, plus one for the host (`pod_uid=""`, `pod=""`).'
 
 NET_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(

@@ -17,8 +17,10 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 import agent
+from agent.attribution.records import Attribution
 from agent.gpu.records import GpuSnapshot
 from agent.sources import Collection
+from exporters.prometheus.attribution import render_attribution
 from exporters.prometheus.families import Families
 from exporters.prometheus.gpu import render_gpu
 from exporters.prometheus.net import render_net
@@ -63,15 +65,17 @@ class GpuscopeCollector(Collector):
         for name, result in collection.results.items():
             ok = result.success
             if ok and result.records is not None and name in self._renderers:
-                ok = self._render(name, result.records, out)
+                ok = self._render(name, result.records, out, self._renderers[name])
             out.add("gpuscope_collector_success", (name,), 1 if ok else 0)
             out.add("gpuscope_collector_duration_seconds", (name,), result.duration_seconds)
+        if isinstance(collection.attribution, Attribution):
+            self._render("attribution", collection.attribution, out, render_attribution)
         return out
 
-    def _render(self, name: str, records: object, out: Families) -> bool:
+    def _render(self, name: str, records: object, out: Families, renderer: Renderer) -> bool:
         batch = Families()
         try:
-            self._renderers[name](records, batch)
+            renderer(records, batch)
         except Exception:
             if name not in self._render_failed:
                 log.exception("rendering collector %s failed", name)

@@ -26,7 +26,14 @@ def render_net(snapshot: NetSnapshot, out: Families) -> None:
 
 
 def _render_pod(pod: PodNetwork, out: Families) -> None:
-    who = (pod.pod_uid, pod.container_id)
+    who = (
+        pod.namespace,
+        pod.pod,
+        pod.pod_uid,
+        pod.workload_kind,
+        pod.workload,
+        pod.container or pod.container_id,
+    )
     for name, table in (
         ("gpuscope_pod_network_transmit_bytes_total", pod.transmit_bytes),
         ("gpuscope_pod_network_receive_bytes_total", pod.receive_bytes),

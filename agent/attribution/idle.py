@@ -1,0 +1,105 @@
+"""Reserved-but-idle accounting: how long each allocated GPU has done nothing, and the
+GPU-seconds each workload has held idle.
+
+Idle means the GPU's utilization stayed at or below --idle-threshold, whatever memory its
+holder keeps allocated: a GPU whose memory is held while no kernel runs ("idle-held") is
+exactly the waste this measures. Both figures come from the GPU sampler, not from scrapes:
+
+- the gauge is now minus the later of the allocation's start and the sampler's exact last
+  active moment, so it is right to within one sampler interval whatever the scrape interval;
+- the counter adds the sampler's integral of idle time between two evaluations, so it counts
+  exactly the idle GPU-seconds in between, even when the GPU woke up and fell idle again
+  between two scrapes (a gauge-difference would lose that).
+
+The allocation's start is when this agent first saw it in the kubelet's answer: within one
+kubelet poll of the container's start, or the agent's own start for older allocations (what
+happened before the agent ran is not known, so it is not claimed). A GPU shared by several
+workloads (time-slicing) splits its idle seconds between them equally, so the counters still
+add up to the GPU's idle time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from agent.attribution.records import GpuHolding, IdleKey
+
+RETENTION_SECONDS = 900.0  # a workload's counter outlives its last allocation by this much
+
+
+@dataclass(frozen=True, slots=True)
+class GpuIdleInput:
+    uuid: str
+    idle_integral: float | None  # the sampler's idle seconds (None: utilization unknown)
+    last_active: float | None  # wall time of the last sample above the threshold
+
+
+def idle_key(holding: GpuHolding) -> IdleKey:
+    return (holding.namespace, holding.workload.kind, holding.workload.name)
+
+
+class IdleAccountant:
+    def __init__(self, retention: float = RETENTION_SECONDS) -> None:
+        self._retention = retention
+        self._first_seen: dict[tuple[str, str, str, str], float] = {}  # uuid, ns, pod, ctr
+        self._baseline: dict[str, float] = {}  # uuid -> idle integral at the last evaluation
+        self._totals: dict[IdleKey, float] = {}
+        self._last_held: dict[IdleKey, float] = {}  # monotonic time the key last held a GPU
+
+    def forget_baselines(self) -> None:
+        """Allocations are unknown (kubelet down): stop counting rather than guess who held
+        a GPU meanwhile. The allocation starts are kept, so a GPU held throughout keeps its
+        idle gauge when the kubelet answers again."""
+        self._baseline.clear()
+
+    def evaluate(
+        self,
+        gpus: Iterable[GpuIdleInput],
+        holdings: Mapping[str, list[GpuHolding]],
+        *,
+        now: float,
+        monotonic: float,
+    ) -> dict[str, float | None]:
+        """Update the counters; return the idle gauge per GPU UUID (0 when unallocated)."""
+        gauges: dict[str, float | None] = {}
+        seen_holders: set[tuple[str, str, str, str]] = set()
+        evaluated: set[str] = set()
+        for gpu in gpus:
+            evaluated.add(gpu.uuid)
+            holders = holdings.get(gpu.uuid, [])
+            if not holders:
+                self._baseline.pop(gpu.uuid, None)
+                gauges[gpu.uuid] = 0.0 if gpu.idle_integral is not None else None
+                continue
+            keys = [(gpu.uuid, h.namespace, h.pod, h.container) for h in holders]
+            for key in keys:
+                self._first_seen.setdefault(key, now)
+            seen_holders.update(keys)
+            start = min(self._first_seen[key] for key in keys)
+            workloads = list(dict.fromkeys(idle_key(h) for h in holders))
+            for w in workloads:
+                self._last_held[w] = monotonic
+                self._totals.setdefault(w, 0.0)
+            if gpu.idle_integral is None:
+                gauges[gpu.uuid] = None
+                continue
+            since = max(start, gpu.last_active) if gpu.last_active is not None else start
+            gauges[gpu.uuid] = max(0.0, now - since)
+            previous = self._baseline.get(gpu.uuid)
+            if previous is not None and gpu.idle_integral > previous:
+                share = (gpu.idle_integral - previous) / len(workloads)
+                for w in workloads:
+                    self._totals[w] += share
+            self._baseline[gpu.uuid] = gpu.idle_integral
+        for key in list(self._first_seen):
+            if key[0] in evaluated and key not in seen_holders:
+                del self._first_seen[key]
+        for w, held in list(self._last_held.items()):
+            if monotonic - held > self._retention:
+                del self._last_held[w]
+                self._totals.pop(w, None)
+        return gauges
+
+    def totals(self) -> dict[IdleKey, float]:
+        return dict(self._totals)

@@ -1,0 +1,259 @@
+"""The attribution stage: one collection in, the same collection with its owners out.
+
+Runs after the sources on every scrape (serialized: the idle counters are state). Each join
+degrades on its own: without the kubelet there are no allocations (and no idle or
+unallocated figures) but GPU processes are still attributed through their cgroups; without
+the Kubernetes API, series carry `pod_uid` and the last names the API gave.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import TypeVar
+
+from agent.attribution.idle import GpuIdleInput, IdleAccountant
+from agent.attribution.processes import process_pod
+from agent.attribution.records import Attribution, GpuHolding, GpuStatus, PodGpuUsage, PodRef
+from agent.clock import Clock, SystemClock
+from agent.gpu.records import GpuReading, GpuSnapshot
+from agent.k8s.kubelet_source import KubeletSnapshot
+from agent.k8s.podresources.gpus import DEFAULT_GPU_RESOURCES, match_gpus
+from agent.k8s.pods import PodMeta
+from agent.k8s.pods_source import PodsSnapshot
+from agent.k8s.workloads import Workload
+from agent.net.records import NetSnapshot, PodNetwork
+from agent.sources import Collection, SourceResult
+
+log = logging.getLogger("gpuscope.attribution")
+
+NO_WORKLOAD = Workload("", "")
+
+
+class Attributor:
+    def __init__(
+        self,
+        procfs: Path = Path("/proc"),
+        *,
+        gpu_resource_names: Sequence[str] = DEFAULT_GPU_RESOURCES,
+        clock: Clock | None = None,
+        idle: IdleAccountant | None = None,
+    ) -> None:
+        self._procfs = procfs
+        self._resources = tuple(gpu_resource_names)
+        self._clock = clock or SystemClock()
+        self._idle = idle or IdleAccountant()
+        self._lock = threading.Lock()
+        self._pods: Mapping[str, PodMeta] = {}  # last answer of the pods source, by UID
+        self._unmatched_logged: set[str] = set()
+
+    def attribute(self, collection: Collection) -> Collection:
+        with self._lock:
+            return self._attribute(collection)
+
+    def _attribute(self, collection: Collection) -> Collection:
+        gpu = _records(collection, "gpu", GpuSnapshot)
+        kubelet = _records(collection, "kubelet", KubeletSnapshot)
+        pods_now = _records(collection, "pods", PodsSnapshot, stale_ok=True)
+        if pods_now is not None:
+            self._pods = pods_now.pods
+        by_uid = self._pods
+        by_name = {(m.namespace, m.name): m for m in by_uid.values()}
+
+        readings = [r for r in gpu.gpus if r.up] if gpu is not None else []
+        holdings = self._holdings(kubelet, gpu, by_name) if kubelet is not None else None
+        holders: dict[str, list[GpuHolding]] = defaultdict(list)
+        for h in holdings or ():
+            holders[h.uuid].append(h)
+
+        usage = self._usage(readings, by_uid, holders)
+        statuses: tuple[GpuStatus, ...] = ()
+        if holdings is not None:
+            statuses = self._statuses(readings, holders, usage)
+        else:
+            self._idle.forget_baselines()
+
+        results = dict(collection.results)
+        net_result = results.get("net")
+        net = _records(collection, "net", NetSnapshot)
+        if net is not None and net_result is not None:
+            net = replace(net, pods=tuple(_named(p, by_uid) for p in net.pods))
+            results["net"] = replace(net_result, records=net)
+
+        pod_uids = {u.pod.uid for u in usage}
+        if net is not None:
+            pod_uids.update(p.pod_uid for p in net.pods)
+        for h in holdings or ():
+            meta = by_name.get((h.namespace, h.pod))
+            if meta is not None:
+                pod_uids.add(meta.uid)
+        pods = tuple(_ref(by_uid[uid]) for uid in sorted(pod_uids) if uid and uid in by_uid)
+        attribution = Attribution(
+            holdings=holdings or (),
+            gpus=statuses,
+            usage=usage,
+            pods=pods,
+            idle_seconds_total=self._idle.totals() if holdings is not None else {},
+        )
+        return Collection(
+            results=results, collected_at=collection.collected_at, attribution=attribution
+        )
+
+    def _holdings(
+        self,
+        kubelet: KubeletSnapshot,
+        gpu: GpuSnapshot | None,
+        by_name: Mapping[tuple[str, str], PodMeta],
+    ) -> tuple[GpuHolding, ...]:
+        if gpu is None:
+            return ()
+        index = {r.identity.uuid: r.identity.index for r in gpu.gpus if r.identity.uuid}
+        migs = {m.mig_uuid: r.identity.uuid for r in gpu.gpus for m in r.mig_instances}
+        match = match_gpus(kubelet.pods, self._resources, gpu_uuids=index, mig_uuids=migs)
+        for miss in match.unmatched:
+            if miss.device.device_id not in self._unmatched_logged:
+                self._unmatched_logged.add(miss.device.device_id)
+                log.warning(
+                    "pod %s/%s container %s holds %s %r, which names no GPU of this node",
+                    miss.namespace,
+                    miss.pod,
+                    miss.container,
+                    miss.device.resource_name,
+                    miss.device.device_id,
+                )
+        out: dict[GpuHolding, None] = {}
+        for a in match.allocations:
+            meta = by_name.get((a.namespace, a.pod))
+            workload = meta.workload if meta is not None else NO_WORKLOAD
+            holding = GpuHolding(index[a.uuid], a.uuid, a.namespace, a.pod, a.container, workload)
+            out[holding] = None  # a container holding two MIG instances of one GPU: once
+        return tuple(out)
+
+    def _usage(
+        self,
+        readings: Sequence[GpuReading],
+        by_uid: Mapping[str, PodMeta],
+        holders: Mapping[str, list[GpuHolding]],
+    ) -> tuple[PodGpuUsage, ...]:
+        memory: dict[tuple[int, str, str, str], int | None] = {}
+        util: dict[tuple[int, str, str, str], float | None] = {}
+        for reading in readings:
+            uuid, gpu = reading.identity.uuid, reading.identity.index
+            for proc in reading.processes:
+                owner = process_pod(self._procfs, proc.pid)
+                if owner is None:
+                    continue  # exited since NVML listed it
+                key = (gpu, uuid, owner.pod_uid, owner.container_id or "")
+                memory[key] = _add(memory.get(key, 0), proc.used_memory_bytes)
+                util[key] = _add(util.get(key, 0.0), proc.sm_utilization_ratio)
+        usage = []
+        for key in sorted(memory):
+            gpu, uuid, pod_uid, container_id = key
+            meta = by_uid.get(pod_uid) if pod_uid else None
+            ref = _ref(meta) if meta is not None else PodRef(pod_uid, "", "", NO_WORKLOAD)
+            ratio = util[key]
+            usage.append(
+                PodGpuUsage(
+                    gpu=gpu,
+                    uuid=uuid,
+                    pod=ref,
+                    container=_container_name(meta, container_id, holders.get(uuid, [])),
+                    memory_bytes=memory[key],
+                    utilization_ratio=min(1.0, ratio) if ratio is not None else None,
+                )
+            )
+        return tuple(usage)
+
+    def _statuses(
+        self,
+        readings: Sequence[GpuReading],
+        holders: Mapping[str, list[GpuHolding]],
+        usage: Sequence[PodGpuUsage],
+    ) -> tuple[GpuStatus, ...]:
+        unallocated: dict[str, int] = defaultdict(int)
+        for u in usage:
+            if u.memory_bytes is None:
+                continue
+            held_by = {(h.namespace, h.pod) for h in holders.get(u.uuid, [])}
+            if not u.pod.uid:
+                unallocated[u.uuid] += u.memory_bytes  # a host process
+            elif u.pod.name and (u.pod.namespace, u.pod.name) not in held_by:
+                unallocated[u.uuid] += u.memory_bytes  # a pod using a GPU it was not given
+            # A pod whose name the API never gave cannot be compared: not counted.
+        gauges = self._idle.evaluate(
+            (
+                GpuIdleInput(r.identity.uuid, r.idle_seconds, r.last_active_timestamp)
+                for r in readings
+            ),
+            holders,
+            now=self._clock.time(),
+            monotonic=self._clock.monotonic(),
+        )
+        return tuple(
+            GpuStatus(
+                gpu=r.identity.index,
+                uuid=r.identity.uuid,
+                allocated=bool(holders.get(r.identity.uuid)),
+                unallocated_memory_bytes=unallocated.get(r.identity.uuid, 0),
+                idle_seconds=gauges.get(r.identity.uuid),
+            )
+            for r in readings
+        )
+
+
+T = TypeVar("T")
+N = TypeVar("N", int, float)
+
+
+def _records(
+    collection: Collection, name: str, kind: type[T], *, stale_ok: bool = False
+) -> T | None:
+    """A source's records; a failed source's only when it kept its last ones (`stale_ok`)."""
+    result: SourceResult[object] | None = collection.results.get(name)
+    if result is None or not isinstance(result.records, kind):
+        return None
+    if not result.success and not stale_ok:
+        return None
+    return result.records
+
+
+def _add(total: N | None, value: N | None) -> N | None:
+    """Sum where a None (unknown) makes the total unknown."""
+    if total is None or value is None:
+        return None
+    return total + value
+
+
+def _ref(meta: PodMeta) -> PodRef:
+    return PodRef(meta.uid, meta.namespace, meta.name, meta.workload)
+
+
+def _container_name(meta: PodMeta | None, container_id: str, holders: list[GpuHolding]) -> str:
+    """The container's name from the API; else, when the kubelet says exactly one container
+    of that pod holds the GPU, that one; else empty (never a guess)."""
+    if meta is None:
+        return ""
+    name = meta.containers.get(container_id) if container_id else None
+    if name:
+        return name
+    mine = {h.container for h in holders if (h.namespace, h.pod) == (meta.namespace, meta.name)}
+    return mine.pop() if len(mine) == 1 else ""
+
+
+def _named(pod: PodNetwork, by_uid: Mapping[str, PodMeta]) -> PodNetwork:
+    meta = by_uid.get(pod.pod_uid) if pod.pod_uid else None
+    if meta is None:
+        return pod
+    container = meta.containers.get(pod.container_id, pod.container_id)
+    return replace(
+        pod,
+        namespace=meta.namespace,
+        pod=meta.name,
+        workload_kind=meta.workload.kind,
+        workload=meta.workload.name,
+        container=container,
+    )

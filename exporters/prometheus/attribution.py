@@ -1,0 +1,44 @@
+"""Attribution records -> Prometheus samples."""
+
+from __future__ import annotations
+
+from agent.attribution.records import Attribution
+from exporters.prometheus.families import Families
+
+
+def render_attribution(att: Attribution, out: Families) -> None:
+    for h in att.holdings:
+        out.add(
+            "gpuscope_gpu_allocation_info",
+            (str(h.gpu), h.uuid, h.namespace, h.pod, h.container, h.workload.kind, h.workload.name),
+            1,
+        )
+    for g in att.gpus:
+        gpu = (str(g.gpu), g.uuid)
+        out.add("gpuscope_gpu_allocated", gpu, 1 if g.allocated else 0)
+        out.add("gpuscope_gpu_unallocated_memory_bytes", gpu, g.unallocated_memory_bytes)
+        if g.idle_seconds is not None:
+            out.add("gpuscope_gpu_allocated_idle_seconds", gpu, g.idle_seconds)
+    for p in att.pods:
+        out.add(
+            "gpuscope_pod_info",
+            (p.namespace, p.name, p.uid, p.workload.kind, p.workload.name, p.workload.replica),
+            1,
+        )
+    for u in att.usage:
+        labels = (
+            str(u.gpu),
+            u.uuid,
+            u.pod.namespace,
+            u.pod.name,
+            u.pod.uid,
+            u.container,
+            u.pod.workload.kind,
+            u.pod.workload.name,
+        )
+        if u.memory_bytes is not None:
+            out.add("gpuscope_pod_gpu_memory_bytes", labels, u.memory_bytes)
+        if u.utilization_ratio is not None:
+            out.add("gpuscope_pod_gpu_utilization_ratio", labels, u.utilization_ratio)
+    for (namespace, kind, name), seconds in sorted(att.idle_seconds_total.items()):
+        out.add("gpuscope_workload_gpu_idle_seconds_total", (namespace, kind, name), seconds)
