@@ -1,14 +1,19 @@
 #!/usr/bin/env python3
 """`make demo`: gpuscope on a simulated 8x H100 node with a scripted, changing workload.
 
-The fake NVML library plays the node (tests/fakenvml); the agent is the real `gpuscope`
-process, loading it through the real pynvml bindings. Prints the /metrics URL and a live
-summary table until Ctrl-C (or --duration seconds).
+The fake NVML library plays the GPUs (tests/fakenvml); tests/simnode.py plays the rest of a
+Kubernetes node: real processes in kubelet-style cgroups as the pods' containers, a real
+PodResources gRPC server as the kubelet, an API server double holding the Pod objects, and
+real TCP traffic between the pods. The agent is the real `gpuscope` process, loading the
+fake through the real pynvml bindings. Prints the /metrics URL and live per-GPU and per-pod
+tables until Ctrl-C (or --duration seconds). The pods need root (cgroups); without it the
+demo runs with GPUs only.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import random
@@ -25,27 +30,96 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.fakenvml.control import FakeNvml, ensure_built  # noqa: E402
+from tests.kube_apiserver import owner_reference  # noqa: E402
 from tests.promtext import Exposition  # noqa: E402
+from tests.simnode import ContainerSpec, SimNode  # noqa: E402
 
 GIB = 2**30
+MB = 1e6
+RANK_RATE = 20 * MB  # bytes/s each training rank sends the other (its all-reduce share)
+# The training pattern below, averaged: what each rank's processes report per GPU.
+TRAIN_PATTERN = [(2.6, 96, 55), (0.6, 8, 70), (0.3, 0, 5)]
+TRAIN_SM = sum(d * u for d, u, _ in TRAIN_PATTERN) / sum(d for d, _, _ in TRAIN_PATTERN)
+SERVING = ("serving", ["llm-serve-7d9c5b8f4-k2x8m", "llm-serve-7d9c5b8f4-p9q4z"])  # GPUs 4, 5
 
 
-def script_workload(fake: FakeNvml, stop: threading.Event) -> None:
-    """A node the way it looks in practice: one busy job, one bursty, one idle reservation."""
+def build_pods(node: SimNode) -> None:
+    """The pods behind the GPU story: who holds what, and who talks to whom."""
+    ranks = []
+    for gpus, rtype, mem in (([0, 1], "master", 62), ([2, 3], "worker", 63)):
+        ranks.append(
+            node.add_pod(
+                "ml-team",
+                f"llama-ft-{rtype}-0",
+                containers=[
+                    ContainerSpec(
+                        "pytorch", gpus=gpus, gpu_memory_bytes=mem * GIB, sm_util=TRAIN_SM
+                    )
+                ],
+                labels={
+                    "training.kubeflow.org/job-name": "llama-ft",
+                    "training.kubeflow.org/operator-name": "pytorchjob-controller",
+                    "training.kubeflow.org/replica-type": rtype,
+                    "training.kubeflow.org/replica-index": "0",
+                },
+                owners=[owner_reference("PyTorchJob", "llama-ft", api_version="kubeflow.org/v1")],
+            )
+        )
+    node.start_traffic(ranks[0].key, ranks[1].key, rate=RANK_RATE)
+    node.start_traffic(ranks[1].key, ranks[0].key, rate=RANK_RATE)
+    namespace, names = SERVING
+    replica_set = owner_reference("ReplicaSet", "llm-serve-7d9c5b8f4", api_version="apps/v1")
+    for gpu, name in zip((4, 5), names, strict=True):
+        node.add_pod(
+            namespace,
+            name,
+            containers=[
+                ContainerSpec(
+                    "vllm", gpus=[gpu], gpu_memory_bytes=18 * GIB, sm_util=35,
+                    image="vllm/vllm-openai:v0.6.3",
+                )
+            ],
+            labels={"app": "llm-serve", "pod-template-hash": "7d9c5b8f4"},
+            owners=[replica_set],
+        )  # fmt: skip
+    node.add_pod(
+        "research",
+        "alice-nb-0",
+        containers=[
+            ContainerSpec(
+                "notebook", gpus=[6], gpu_memory_bytes=21 * GIB, sm_util=0,
+                image="quay.io/jupyter/pytorch-notebook:cuda12-python-3.11",
+            )
+        ],
+        labels={"notebook-name": "alice-nb", "statefulset": "alice-nb"},
+        owners=[owner_reference("StatefulSet", "alice-nb", api_version="apps/v1")],
+    )  # fmt: skip
+    node.host_process(7, 3 * GIB)  # a stray process outside Kubernetes on the free GPU
+
+
+def script_workload(fake: FakeNvml, node: SimNode | None, stop: threading.Event) -> None:
+    """A node the way it looks in practice: one busy job, one bursty, one idle reservation.
+
+    With pods, the simulated node keeps each GPU's memory and utilization equal to its
+    processes' (the pods'); this only adds the training job's burst pattern (whose average
+    its processes report) and the inference load's drift.
+    """
     with fake.batch():
         # GPUs 0-3: a data-parallel training job; compute bursts with all-reduce stalls.
         for gpu in range(4):
-            fake.set_utilization_pattern(gpu, [(2.6, 96, 55), (0.6, 8, 70), (0.3, 0, 5)])
-            fake.set_memory_used(gpu, (62 + gpu) * GIB)
-        # GPUs 4-5: an inference service whose load drifts (changed below).
-        for gpu in (4, 5):
-            fake.set_utilization(gpu, 35, 20)
-            fake.set_memory_used(gpu, 18 * GIB)
-        # GPU 6: reserved by a notebook that holds memory and computes nothing.
-        fake.set_utilization(6, 0, 0)
-        fake.set_memory_used(6, 21 * GIB)
-        # GPU 7: free.
-        fake.set_utilization(7, 0, 0)
+            fake.set_utilization_pattern(gpu, TRAIN_PATTERN)
+            if node is None:
+                fake.set_memory_used(gpu, (62 + gpu // 2) * GIB)
+        if node is None:
+            # GPUs 4-5: an inference service whose load drifts (changed below).
+            for gpu in (4, 5):
+                fake.set_utilization(gpu, 35, 20)
+                fake.set_memory_used(gpu, 18 * GIB)
+            # GPU 6: reserved by a notebook that holds memory and computes nothing.
+            fake.set_utilization(6, 0, 0)
+            fake.set_memory_used(6, 21 * GIB)
+            # GPU 7: free (but for a stray 3 GiB host process when there are pods).
+            fake.set_utilization(7, 0, 0)
     rng = random.Random(7)
     t0 = time.monotonic()
     tick = 0
@@ -53,9 +127,12 @@ def script_workload(fake: FakeNvml, stop: threading.Event) -> None:
         tick += 1
         phase = (time.monotonic() - t0) / 60.0 * 2 * math.pi
         with fake.batch():
-            for gpu in (4, 5):
-                load = 45 + 35 * math.sin(phase + gpu) + rng.uniform(-5, 5)
-                fake.set_utilization(gpu, max(0.0, min(100.0, load)), load / 3)
+            for gpu, name in zip((4, 5), SERVING[1], strict=True):
+                load = max(0.0, min(100.0, 45 + 35 * math.sin(phase + gpu) + rng.uniform(-5, 5)))
+                if node is not None:
+                    node.set_usage(SERVING[0], name, sm_util=load, mem_util=load / 3)
+                else:
+                    fake.set_utilization(gpu, load, load / 3)
         if tick % 6 == 0:
             fake.inject_xid(5, 31)  # an application's illegal memory access
 
@@ -116,6 +193,103 @@ def network_line(m: Exposition) -> str:
     return f"collectors: {status}; host sent {host_tx / 1e6:.2f} MB since start; {nics} NIC(s)"
 
 
+PodKey = tuple[str, str]
+
+
+def _pod_sums(m: Exposition, name: str) -> dict[PodKey, float]:
+    out: dict[PodKey, float] = {}
+    for labels, value in m.series(name).items():
+        d = dict(labels)
+        if d.get("pod"):
+            key = (d.get("namespace", ""), d["pod"])
+            out[key] = out.get(key, 0.0) + value
+    return out
+
+
+def pods_summary(now: Exposition, before: Exposition | None, elapsed: float) -> str:
+    """Per pod: its workload, GPUs, GPU memory and utilization, idle time, network sent."""
+    gpus: dict[PodKey, set[str]] = {}
+    workload: dict[PodKey, str] = {}
+    for labels in now.series("gpuscope_gpu_allocation_info"):
+        d = dict(labels)
+        key = (d.get("namespace", ""), d.get("pod", ""))
+        gpus.setdefault(key, set()).add(d.get("gpu", "?"))
+        if d.get("workload"):
+            workload[key] = f"{d.get('workload_kind', '')}/{d['workload']}"
+    for labels in now.series("gpuscope_pod_info"):
+        d = dict(labels)
+        key = (d.get("namespace", ""), d.get("pod", ""))
+        if d.get("workload") and key not in workload:
+            workload[key] = f"{d.get('workload_kind', '')}/{d['workload']}"
+    memory = _pod_sums(now, "gpuscope_pod_gpu_memory_bytes")
+    util_sum = _pod_sums(now, "gpuscope_pod_gpu_utilization_ratio")
+    util_n: dict[PodKey, int] = {}
+    for labels in now.series("gpuscope_pod_gpu_utilization_ratio"):
+        d = dict(labels)
+        if d.get("pod"):
+            key = (d.get("namespace", ""), d["pod"])
+            util_n[key] = util_n.get(key, 0) + 1
+    idle = {
+        dict(k).get("gpu", ""): v
+        for k, v in now.series("gpuscope_gpu_allocated_idle_seconds").items()
+    }
+    tx = _pod_sums(now, "gpuscope_pod_network_transmit_bytes_total")
+    tx_before = _pod_sums(before, "gpuscope_pod_network_transmit_bytes_total") if before else {}
+    keys = sorted(set(gpus) | set(workload) | set(memory) | set(tx))
+    keys = [k for k in keys if k[1]]
+    if not keys:
+        return "pods: no per-pod series yet (see collectors kubelet and pods above)"
+    rows = [
+        f"{'pod':<42} {'workload':<22} {'GPUs':<8} {'GPU mem':>9} {'util':>5} "
+        f"{'idle':>6} {'net tx':>10} {'total':>9}"
+    ]
+    for key in keys:
+        held = sorted(gpus.get(key, ()), key=lambda g: int(g) if g.isdigit() else -1)
+        idle_s = max((idle.get(g, 0.0) for g in held), default=None)
+        util = util_sum[key] / util_n[key] if util_n.get(key) else None
+        rate = (
+            f"{(tx[key] - tx_before[key]) / elapsed / MB:6.1f} MB/s"
+            if key in tx and key in tx_before and elapsed > 0
+            else "         -"
+        )
+        rows.append(
+            f"{key[0] + '/' + key[1]:<42.42} {workload.get(key, '-'):<22.22} "
+            f"{','.join(held) or '-':<8} "
+            f"{(f'{memory[key] / GIB:5.1f} GiB' if key in memory else '-'):>9} "
+            f"{(f'{util:5.0%}' if util is not None else '-'):>5} "
+            f"{(f'{idle_s:5.0f}s' if idle_s is not None else '-'):>6} {rate:>10} "
+            f"{(f'{tx[key] / MB:6.1f} MB' if key in tx else '-'):>9}"
+        )
+    stray = {
+        dict(k).get("gpu", "?"): v
+        for k, v in now.series("gpuscope_gpu_unallocated_memory_bytes").items()
+        if v > 0
+    }
+    if stray:
+        where = ", ".join(f"GPU {g}: {v / GIB:.1f} GiB" for g, v in sorted(stray.items()))
+        rows.append(f"memory held outside the GPUs' allocations: {where}")
+    return "\n".join(rows)
+
+
+def agent_flags(node: SimNode | None) -> list[str]:
+    """Point the agent at the simulated kubelet and API server (flags it knows, if any)."""
+    if node is None:
+        return []
+    known = subprocess.run(
+        [sys.executable, "-m", "agent.cli", "--help"],
+        cwd=REPO, capture_output=True, text=True, check=False,
+    ).stdout  # fmt: skip
+    flags = [
+        ("--node-name", node.node_name),
+        ("--kubelet-socket", str(node.kubelet_socket)),
+        ("--kubeconfig", str(node.kubeconfig)),
+    ]
+    args = [x for flag, value in flags if flag in known for x in (flag, value)]
+    if "--kubelet-socket" not in known:
+        print("demo: this agent has no --kubelet-socket yet: no pod attribution", file=sys.stderr)
+    return args
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--profile", default="dgx-h100")
@@ -129,10 +303,30 @@ def main() -> int:
     state_dir.mkdir(parents=True, exist_ok=True)
     fake = FakeNvml(args.profile, state_dir / "state")
     stop = threading.Event()
-    threading.Thread(target=script_workload, args=(fake, stop), daemon=True).start()
+    with contextlib.ExitStack() as cleanup:
+        node: SimNode | None = None
+        if os.geteuid() != 0:
+            print("demo: not root, so no simulated pods (they need cgroups)", file=sys.stderr)
+        elif fake.gpu_count() < 8:
+            print(f"demo: {args.profile} has under 8 GPUs: no simulated pods", file=sys.stderr)
+        else:
+            node = cleanup.enter_context(SimNode(fake, state_dir / "node"))
+            build_pods(node)
+        script = threading.Thread(target=script_workload, args=(fake, node, stop), daemon=True)
+        script.start()
+        cleanup.callback(script.join, 10)
+        cleanup.callback(stop.set)
+        return run_agent(args, fake, node, stop)
+    return 0
 
+
+def run_agent(
+    args: argparse.Namespace, fake: FakeNvml, node: SimNode | None, stop: threading.Event
+) -> int:
     port = free_port(args.port)
     env = os.environ | fake.env()
+    if node is not None:
+        env["NODE_NAME"] = node.node_name
     agent = subprocess.Popen(
         [
             sys.executable,
@@ -143,11 +337,28 @@ def main() -> int:
             "--kernel-headers",
             str(REPO / "build" / "kernel-headers" / "debian"),
             "--labels-mode",
-            "none",  # no API server here; `gpuscope labels` shows what would be published
+            "none",  # the node's labels are not published here; `gpuscope labels` shows them
+            *agent_flags(node),
         ],
         cwd=REPO,
         env=env,
     )
+    try:
+        return watch(args, agent, port, stop)
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut cleanup
+        stop.set()
+        agent.terminate()
+        try:
+            agent.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+            agent.wait()
+
+
+def watch(
+    args: argparse.Namespace, agent: subprocess.Popen[bytes], port: int, stop: threading.Event
+) -> int:
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while True:
@@ -158,25 +369,36 @@ def main() -> int:
             pass
         if agent.poll() is not None or time.monotonic() > deadline:
             print("demo: the agent did not become ready", file=sys.stderr)
-            agent.kill()
             return 1
         time.sleep(0.1)
 
     print(f"\ngpuscope is serving a simulated {args.profile} node at {base}/metrics")
-    print("GPUs 0-3: training job; 4-5: drifting inference load; 6: reserved but idle; 7: free")
-    print("Try: curl -s " + base + "/metrics | grep busy_seconds   (Ctrl-C to stop)\n")
+    print(
+        "GPUs 0-3: PyTorchJob llama-ft (2 ranks x 2 GPUs, talking); 4-5: inference Deployment "
+        "with drifting load;\n6: a notebook holding memory, idle; 7: free, but for a stray "
+        "host process"
+    )
+    print("Try: curl -s " + base + "/metrics | grep -E 'busy_seconds|pod_gpu'   (Ctrl-C to stop)\n")
 
+    # Ctrl-C and SIGTERM end the loop between scrapes, never in the middle of one.
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
     started = time.monotonic()
     before: Exposition | None = None
     before_at = time.monotonic()
     try:
         while not stop.is_set():
             now_at = time.monotonic()
-            now = Exposition(fetch(base + "/metrics"))
+            try:
+                now = Exposition(fetch(base + "/metrics"))
+            except OSError:
+                if stop.is_set() or agent.poll() is not None:
+                    break  # Ctrl-C reached the agent too: it is going
+                raise
             print(time.strftime("%H:%M:%S"), f"({len(now.samples)} series)")
             print(summary(now, before, now_at - before_at))
-            print(network_line(now), flush=True)
+            print(network_line(now))
+            print(pods_summary(now, before, now_at - before_at), flush=True)
             print()
             before, before_at = now, now_at
             if args.duration and now_at - started >= args.duration:
@@ -184,10 +406,6 @@ def main() -> int:
             stop.wait(args.every)
     except KeyboardInterrupt:
         pass
-    finally:
-        stop.set()
-        agent.terminate()
-        agent.wait(timeout=10)
     return 0
 
 
