@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import logging
+import sys
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -43,6 +44,15 @@ class MetricsServer(ThreadingHTTPServer):
     def stop(self) -> None:
         self.shutdown()
         self.server_close()
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        """A scraper that hangs up mid-answer (a timeout, Ctrl-C on curl) is routine: one
+        debug line, not a traceback on stderr."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (BrokenPipeError, ConnectionResetError)):
+            log.debug("client %s went away: %s", client_address, exc)
+            return
+        super().handle_error(request, client_address)  # type: ignore[arg-type]
 
 
 class _Handler(BaseHTTPRequestHandler):
