@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.net.bpf_program import MAP_INDEX, MapLimits, ProbePlan, program_text
+from agent.net.compiler_pages import release_compiler_pages
 from agent.sources import SourceUnavailable
 
 log = logging.getLogger("gpuscope.net.bpf")
@@ -211,6 +212,7 @@ class BpfProbes:
             if cgroup_root is None:
                 raise SourceUnavailable("cgroup_skb mode needs a cgroup v2 mount")
             self._attach_cgroup_skb(bcc, cgroup_root)
+        release_compiler_pages()
 
     def _attach_cgroup_skb(self, bcc: Any, cgroup_root: Path) -> None:
         self._cgroup_fd = os.open(cgroup_root, os.O_RDONLY | os.O_DIRECTORY)

@@ -87,6 +87,9 @@ class Families:
     def render_text(self) -> bytes:
         """The Prometheus text format (0.0.4), byte for byte what generate_latest writes."""
         out: list[str] = []
+        # Many families share label sets (every GPU metric has gpu+uuid, every pod network
+        # metric the same pod labels): each distinct set is escaped and joined once.
+        seen: dict[tuple[tuple[tuple[str, int], ...], tuple[str, ...]], str] = {}
         for name in self._ordered():
             header, order = _layout(name)
             out.append(header)
@@ -94,22 +97,25 @@ class Families:
                 self._render_histograms(name, out)
                 continue
             for labels, value in self._samples[name]:
-                inner = ",".join([f'{key}="{_escape(labels[i])}"' for key, i in order])
+                inner = seen.get((order, labels))
+                if inner is None:
+                    inner = ",".join([f'{key}="{_escape(labels[i])}"' for key, i in order])
+                    seen[(order, labels)] = inner
                 out.append(f"{name}{{{inner}}} {_go_float(value)}\n")
         return "".join(out).encode("utf-8")
 
     def _render_histograms(self, name: str, out: list[str]) -> None:
+        """Each series' labels are escaped once, not once per bucket: with a hundred pods
+        the RTT histograms are two thousand bucket lines per scrape."""
         _, order = _layout(name)
-        with_le = tuple(sorted([*((k, i) for k, i in order), ("le", -1)]))
+        before = tuple((k, i) for k, i in order if k < "le")
+        after = tuple((k, i) for k, i in order if k > "le")
+        bucket = f"{name}_bucket{{"
         for labels, buckets, total in self._histograms[name]:
+            head = "".join([f'{key}="{_escape(labels[i])}",' for key, i in before])
+            tail = "".join([f',{key}="{_escape(labels[i])}"' for key, i in after])
             for le, count in buckets:
-                inner = ",".join(
-                    [
-                        f'le="{_go_float(le)}"' if i < 0 else f'{key}="{_escape(labels[i])}"'
-                        for key, i in with_le
-                    ]
-                )
-                out.append(f"{name}_bucket{{{inner}}} {_go_float(count)}\n")
+                out.append(f'{bucket}{head}le="{_bound(le)}"{tail}}} {_go_float(count)}\n')
             plain = ",".join([f'{key}="{_escape(labels[i])}"' for key, i in order])
             out.append(f"{name}_count{{{plain}}} {_go_float(buckets[-1][1])}\n")
             out.append(f"{name}_sum{{{plain}}} {_go_float(total)}\n")
@@ -139,8 +145,16 @@ def _escape(value: str) -> str:
     return value
 
 
+@cache
+def _bound(le: float) -> str:
+    """Bucket bounds repeat in every series: format each once."""
+    return _go_float(le)
+
+
 def _go_float(value: float) -> str:
     """prometheus_client's floatToGoString: Go's formatting of a float64."""
+    if type(value) is int and -1_000_000 < value < 1_000_000:
+        return f"{value}.0"  # what the general path below gives for small integers, faster
     d = float(value)
     if math.isinf(d):
         return "+Inf" if d > 0 else "-Inf"

@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+"""Attribution at the kubelet's default pod limit: 8 GPUs and 110 pods, every pod with
+network series, every source on (gpu, net, nic, rdma, kubelet, pods).
+
+The real `gpuscope` process runs on a simulated dgx-h100 node (tests/simnode.py): the pods
+are real processes in kubelet-style cgroups, each sending TCP traffic to the next, 16 of
+them GPU processes (8 GPUs, two time-sliced shares each). Prints, for docs/performance.md:
+  * /metrics latency as a scraper sees it (collection of every source + attribution +
+    rendering), median and p90 over N scrapes, and the same for a GPU-only agent on the same
+    node in the same run (the baseline);
+  * the agent's RSS and anonymous memory after the scrapes;
+  * the series count.
+Budgets (issue #4): render <= 25 ms median; RSS <= 180 MB, anonymous <= 100 MB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from agent.app import Agent  # noqa: E402
+from agent.config import parse  # noqa: E402
+from bench.bench_gpu import proc_rss_mb  # noqa: E402
+from tests.conftest import free_port  # noqa: E402
+from tests.fakenvml.control import FakeNvml, ensure_built  # noqa: E402
+from tests.simnode import GIB, ContainerSpec, SimNode  # noqa: E402
+
+PODS = 110
+HEADERS = REPO / "build" / "kernel-headers" / "debian"
+
+
+def grow(node: SimNode, pods: int) -> None:
+    """Pods ns-<k>/pod-<i>: the first 16 hold a time-sliced share of a GPU and use it."""
+    for i in range(pods):
+        gpu = i // 2 if i < 16 else None
+        spec = ContainerSpec(
+            "main",
+            gpus=[gpu] if gpu is not None else (),
+            shared_replica=i % 2 if gpu is not None else None,
+            gpu_memory_bytes=4 * GIB if gpu is not None else 0,
+            sm_util=40 if gpu is not None else 0,
+            traffic_to=f"team-{(i - 1) % 10}/pod-{i - 1}" if i else None,
+            traffic_bytes=1000 + i if i else 0,
+        )
+        node.add_pod(
+            f"team-{i % 10}",
+            f"pod-{i}",
+            containers=[spec],
+            labels={"batch.kubernetes.io/job-name": f"job-{i // 8}"},
+        )
+    node.wait_traffic(timeout=120)
+
+
+def start_agent(
+    fake: FakeNvml, node: SimNode, collectors: str
+) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "agent.cli", "--listen", f"127.0.0.1:{port}",
+            "--collectors", collectors, "--kubelet-socket", str(node.kubelet_socket),
+            "--kubeconfig", str(node.kubeconfig), "--node-name", node.node_name,
+            "--kernel-headers", str(HEADERS), "--labels-mode", "none", "--log-level", "warning",
+        ],
+        cwd=REPO,
+        env=os.environ | fake.env(),
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(url + "/readyz", timeout=2).read()
+            return proc, url
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise SystemExit("the agent did not become ready")
+
+
+def in_process_agents(fake: FakeNvml, node: SimNode) -> tuple[Agent, Agent]:
+    """All sources and GPU only, in this process (as bench_gpu.py measures the GPU render).
+    Started before the pods, so their probes see all the traffic."""
+    fake.activate()
+    common = ["--listen", ":0", "--kubelet-socket", str(node.kubelet_socket),
+              "--kubeconfig", str(node.kubeconfig), "--node-name", node.node_name,
+              "--kernel-headers", str(HEADERS), "--labels-mode", "none"]  # fmt: skip
+    full = Agent(parse(common, env={}))
+    gpu_only = Agent(parse([*common, "--collectors", "gpu"], env={}))
+    full.start()
+    gpu_only.start()
+    return full, gpu_only
+
+
+def render_times(full: Agent, gpu_only: Agent, n: int) -> tuple[list[float], list[float]]:
+    """Collection + attribution + rendering, interleaved so both see the same machine."""
+    for _ in range(5):
+        full.collector.render_text()
+        gpu_only.collector.render_text()
+    times: list[float] = []
+    base: list[float] = []
+    for _ in range(n):
+        for agent, into in ((full, times), (gpu_only, base)):
+            t = time.perf_counter()
+            agent.collector.render_text()
+            into.append(time.perf_counter() - t)
+    return times, base
+
+
+def scrape_times(url: str, n: int) -> tuple[list[float], bytes]:
+    body = b""
+    for _ in range(5):
+        body = urllib.request.urlopen(url + "/metrics", timeout=10).read()  # warm up
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        body = urllib.request.urlopen(url + "/metrics", timeout=10).read()
+        times.append(time.perf_counter() - t)
+        time.sleep(0.05)
+    return times, body
+
+
+def summary(times: list[float]) -> tuple[float, float]:
+    return statistics.median(times) * 1e3, statistics.quantiles(times, n=10)[-1] * 1e3
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--pods", type=int, default=PODS)
+    parser.add_argument("--scrapes", type=int, default=60)
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("needs root (cgroups, BPF)")
+    ensure_built()
+    with tempfile.TemporaryDirectory() as tmp:
+        fake = FakeNvml("dgx-h100", Path(tmp) / "state")
+        with SimNode(fake, Path(tmp) / "node") as node:
+            agent, url = start_agent(fake, node, "gpu,net,nic,rdma,kubelet,pods")
+            base, base_url = start_agent(fake, node, "gpu")
+            full, gpu_only = in_process_agents(fake, node)
+            try:
+                t0 = time.monotonic()
+                grow(node, args.pods)
+                print(f"{args.pods} pods started in {time.monotonic() - t0:.1f} s")
+                time.sleep(3)  # a kubelet poll and the API watch catch up
+                times, body = scrape_times(url, args.scrapes)
+                base_times, base_body = scrape_times(base_url, args.scrapes)
+                text = body.decode()
+                series = sum(1 for line in text.splitlines() if line and line[0] != "#")
+                named = sum(
+                    1
+                    for line in text.splitlines()
+                    if line.startswith("gpuscope_pod_network_transmit_bytes_total")
+                    and 'pod="pod-' in line
+                )
+                rss, anon = proc_rss_mb(agent.pid)
+                agent.terminate()
+                base.terminate()
+                inproc, inproc_base = render_times(full, gpu_only, args.scrapes)
+                imed, ip90 = summary(inproc)
+                ibmed, _ = summary(inproc_base)
+                med, p90 = summary(times)
+                bmed, bp90 = summary(base_times)
+                base_series = sum(
+                    1 for line in base_body.decode().splitlines() if line and line[0] != "#"
+                )
+                print(f"series: {series} (GPU-only agent: {base_series}); "
+                      f"pods with named network series: {named}")  # fmt: skip
+                print(f"render (collect every source + attribution + text), in-process: "
+                      f"median {imed:.2f} ms, p90 {ip90:.2f} ms  (budget: median <= 25 ms); "
+                      f"GPU-only: {ibmed:.2f} ms")  # fmt: skip
+                print(f"/metrics latency over HTTP, all sources + attribution: "
+                      f"median {med:.2f} ms, p90 {p90:.2f} ms")  # fmt: skip
+                print(f"/metrics latency, GPU-only agent (baseline): median {bmed:.2f} ms, "
+                      f"p90 {bp90:.2f} ms; ratio {med / bmed:.2f}")  # fmt: skip
+                print(f"agent RSS {rss:.1f} MB, anonymous {anon:.1f} MB  "
+                      "(budget: RSS <= 180 MB, anonymous <= 100 MB)")  # fmt: skip
+            finally:
+                full.stop()
+                gpu_only.stop()
+                for p in (agent, base):
+                    if p.poll() is None:
+                        p.terminate()
+                    p.wait(timeout=10)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
