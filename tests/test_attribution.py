@@ -418,3 +418,28 @@ def test_hostile_metadata_is_escaped_and_round_trips(node) -> None:
         [promtool, "check", "metrics"], input=text.encode(), capture_output=True, check=False
     )
     assert b"error" not in check.stdout.lower() + check.stderr.lower(), check
+
+
+def test_mig_processes_are_attributed_without_inventing_utilization(inprocess, tmp_path) -> None:
+    """On a MIG GPU NVML lists processes per instance but reports no per-process utilization:
+    memory is attributed, utilization is absent (never 0), and nothing needs the kubelet."""
+    procfs = tmp_path / "proc"
+    uid, cid = str(uuid.uuid4()), uuid.uuid4().hex * 2
+    cgroup = (
+        "0::/kubepods.slice/kubepods-besteffort.slice/"
+        f"kubepods-besteffort-pod{uid.replace('-', '_')}.slice/cri-containerd-{cid}.scope\n"
+    )
+    (procfs / "4242").mkdir(parents=True)
+    (procfs / "4242" / "cgroup").write_text(cgroup)
+
+    def setup(fake: Any) -> None:
+        gpu = next(g for g in range(fake.gpu_count()) if fake.mig_devices(g))
+        mig = fake.mig_devices(gpu)[0]["uuid"]
+        fake.add_process(gpu, 4242, 3 * GIB, sm_util=50, mig_uuid=mig)
+
+    env = inprocess("hgx-a100-mig", "--procfs", str(procfs), setup=setup)
+    m = env.scrape()
+    ((labels, value),) = m.rows("gpuscope_pod_gpu_memory_bytes")
+    assert (labels["pod_uid"], labels["pod"], value) == (uid, "", 3.0 * GIB)
+    assert m.rows("gpuscope_pod_gpu_utilization_ratio") == []
+    assert m.rows("gpuscope_gpu_allocation_info") == []  # no kubelet collector: no claims
