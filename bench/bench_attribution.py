@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO))
 
 from agent.app import Agent  # noqa: E402
 from agent.config import parse  # noqa: E402
-from bench.bench_gpu import proc_rss_mb  # noqa: E402
+from bench.bench_gpu import proc_cpu_seconds, proc_rss_mb  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
 from tests.fakenvml.control import FakeNvml, ensure_built  # noqa: E402
 from tests.simnode import GIB, ContainerSpec, SimNode  # noqa: E402
@@ -129,6 +129,15 @@ def scrape_times(url: str, n: int) -> tuple[list[float], bytes]:
     return times, body
 
 
+def cpu_window(pid: int, url: str, window: float, every: float = 15.0) -> float:
+    """The agent's CPU share of one core while Prometheus-like scrapes come every 15 s."""
+    cpu0, t0 = proc_cpu_seconds(pid), time.monotonic()
+    while time.monotonic() - t0 < window:
+        urllib.request.urlopen(url + "/metrics", timeout=10).read()
+        time.sleep(min(every, max(0.0, window - (time.monotonic() - t0))))
+    return (proc_cpu_seconds(pid) - cpu0) / (time.monotonic() - t0)
+
+
 def summary(times: list[float]) -> tuple[float, float]:
     return statistics.median(times) * 1e3, statistics.quantiles(times, n=10)[-1] * 1e3
 
@@ -137,6 +146,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--pods", type=int, default=PODS)
     parser.add_argument("--scrapes", type=int, default=60)
+    parser.add_argument("--window", type=float, default=60.0, help="CPU window, seconds")
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("needs root (cgroups, BPF)")
@@ -162,6 +172,7 @@ def main() -> int:
                     if line.startswith("gpuscope_pod_network_transmit_bytes_total")
                     and 'pod="pod-' in line
                 )
+                cpu_share = cpu_window(agent.pid, url, args.window)
                 rss, anon = proc_rss_mb(agent.pid)
                 agent.terminate()
                 base.terminate()
@@ -182,6 +193,8 @@ def main() -> int:
                       f"median {med:.2f} ms, p90 {p90:.2f} ms")  # fmt: skip
                 print(f"/metrics latency, GPU-only agent (baseline): median {bmed:.2f} ms, "
                       f"p90 {bp90:.2f} ms; ratio {med / bmed:.2f}")  # fmt: skip
+                print(f"agent CPU, scraped every 15 s for {args.window:.0f} s: "
+                      f"{cpu_share:.2%} of one core")  # fmt: skip
                 print(f"agent RSS {rss:.1f} MB, anonymous {anon:.1f} MB  "
                       "(budget: RSS <= 180 MB, anonymous <= 100 MB)")  # fmt: skip
             finally:
