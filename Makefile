@@ -63,6 +63,7 @@ golden-update: venv fakenvml
 bench: venv fakenvml kernel
 	$(PY) bench/bench_gpu.py
 	$(PY) -W ignore bench/bench_net.py
+	$(PY) -W ignore bench/bench_attribution.py
 
 clean:
 	rm -rf $(BUILD) $(VENV)
