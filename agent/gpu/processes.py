@@ -7,6 +7,9 @@ time-sliced GPU between the pods sharing it, which the device-level utilization 
 
 PIDs are host PIDs (the agent runs with hostPID). A process listed with no utilization
 sample since the last read ran no kernel in that window: its utilization is 0, not unknown.
+But NVML answers "no sample" (NOT_FOUND) both for an idle GPU and for a read that came
+before the next sample period (1/6 s to 1 s) ended; two scrapes a moment apart must not turn
+a busy pod idle, so within HOLD_SECONDS of the newest sample the previous figures stand.
 On a MIG-enabled GPU NVML reports no per-process utilization; those processes carry `None`.
 """
 
@@ -15,20 +18,24 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping
 
+from agent.clock import Clock, SystemClock
 from agent.gpu.device import Device
 from agent.gpu.nvml import NOT_FOUND, Nvml
 from agent.gpu.records import GpuProcess, MigInstance
 
 NO_INSTANCE = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId of a process outside MIG
+HOLD_SECONDS = 2.0  # longer than the slowest NVML sample period (1 s)
 
 
 class ProcessReader:
     """Keeps, per GPU, the newest utilization sample seen, so each read covers only the
     window since the previous one (one reader per GPU source; called under its lock)."""
 
-    def __init__(self, nvml: Nvml) -> None:
+    def __init__(self, nvml: Nvml, clock: Clock | None = None) -> None:
         self._nvml = nvml
+        self._clock = clock or SystemClock()
         self._last_seen: dict[str, int] = {}
+        self._last_figures: dict[str, dict[int, float]] = {}
         self._supported: dict[str, bool] = {}
 
     def read(self, device: Device, migs: tuple[MigInstance, ...] = ()) -> tuple[GpuProcess, ...]:
@@ -81,8 +88,10 @@ class ProcessReader:
         samples = self._nvml.query(
             "nvmlDeviceGetProcessUtilization", handle, since, absent=frozenset({NOT_FOUND})
         )
-        if samples is None:
-            return {}  # NOT_FOUND: no sample since `since`, so no process ran a kernel
+        if samples is None:  # NOT_FOUND: no sample since `since`
+            if since and self._clock.time() * 1e6 - since < HOLD_SECONDS * 1e6:
+                return self._last_figures.get(uuid, {})  # the next period has not ended yet
+            return {}  # a whole period without a sample: no process ran a kernel
         sums: dict[int, float] = defaultdict(float)
         counts: dict[int, int] = defaultdict(int)
         newest = since
@@ -94,4 +103,6 @@ class ProcessReader:
             sums[int(s.pid)] += float(s.smUtil)
             counts[int(s.pid)] += 1
         self._last_seen[uuid] = newest
-        return {pid: min(1.0, sums[pid] / counts[pid] / 100.0) for pid in sums}
+        figures = {pid: min(1.0, sums[pid] / counts[pid] / 100.0) for pid in sums}
+        self._last_figures[uuid] = figures
+        return figures

@@ -46,7 +46,7 @@ class GpuSource:
         self._undiscovered: list[int] = []
         self.sampler: Sampler | None = None
         self.xid: XidWatcher | None = None
-        self.processes = ProcessReader(self.nvml)
+        self.processes = ProcessReader(self.nvml, self.clock)
         self.topology = GpuTopology()
         self.driver_version = ""
         self.cuda_driver_version = ""
