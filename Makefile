@@ -56,9 +56,11 @@ unit: venv fakenvml kernel
 
 test: lint typecheck unit
 
-## Regenerate golden files and docs/metrics.md after an intended change; review the diff.
+## Regenerate golden files, docs/metrics.md and the generated rules/dashboards manifests
+## after an intended change; review the diff.
 golden-update: venv fakenvml
-	GPUSCOPE_UPDATE_GOLDEN=1 $(PY) -m pytest tests/test_golden.py tests/test_metrics_doc.py
+	GPUSCOPE_UPDATE_GOLDEN=1 $(PY) -m pytest tests/test_golden.py tests/test_metrics_doc.py \
+		tests/test_deploy_assets.py
 
 bench: venv fakenvml kernel
 	$(PY) bench/bench_gpu.py
