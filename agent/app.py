@@ -18,78 +18,93 @@ from agent.config import Config
 from agent.gpu.source import GpuConfig, GpuSource
 from agent.net.nic import NicSource
 from agent.net.rdma import RdmaSource
-from agent.sources import Collection, Source, SourceRunner
+from agent.sources import (
+    Collection,
+    Source,
+    SourceRunner,
+    SourceUnavailable,
+    StatelessSource,
+)
 from exporters.prometheus.collector import GpuscopeCollector
 
 log = logging.getLogger("gpuscope")
 
 
+class MissingDependency(StatelessSource):
+    """Stands in for a source whose Python dependency is not installed: it fails to start
+    with the import error, every retry, and the other sources carry on."""
+
+    def __init__(self, name: str, error: ImportError) -> None:
+        self.name = name
+        self._message = f"cannot import {error.name or 'a dependency'}: {error}"
+
+    def start(self) -> None:
+        raise SourceUnavailable(self._message)
+
+    def collect(self) -> object:
+        raise SourceUnavailable(self._message)
+
+
 def build_sources(config: Config, clock: Clock, *, background: bool = True) -> list[Source[object]]:
     sources: list[Source[object]] = []
     for name in config.collectors:
-        if name == "gpu":
-            sources.append(
-                GpuSource(
-                    GpuConfig(
-                        sample_interval=config.sample_interval,
-                        idle_threshold=config.idle_threshold,
-                        nvlink_per_link=config.nvlink_per_link,
-                        sysfs=config.sysfs,
-                        background=background,
-                    ),
-                    clock=clock,
-                )
-            )
-        elif name == "kubelet":
-            from agent.k8s.kubelet_source import KubeletSource
-
-            sources.append(
-                KubeletSource(
-                    config.kubelet_socket,
-                    interval=config.kubelet_interval,
-                    clock=clock,
-                    background=background,
-                )
-            )
-        elif name == "pods":
-            from agent.k8s.client import make_client
-            from agent.k8s.pods_source import PodsSource
-
-            sources.append(
-                PodsSource(
-                    functools.partial(make_client, config.kubeconfig),
-                    config.node_name,
-                    order=config.workload_order,
-                )
-            )
-        elif name == "nic":
-            sources.append(NicSource(config.sysfs))
-        elif name == "rdma":
-            sources.append(RdmaSource(config.sysfs))
-        elif name == "net":
-            # Imported here: the network source is the only one that needs bcc.
-            from agent.net.bpf_program import MapLimits
-            from agent.net.source import NetConfig, NetSource
-
-            sources.append(
-                NetSource(
-                    NetConfig(
-                        sysfs=config.sysfs,
-                        procfs=config.procfs,
-                        cgroup_root=config.cgroup_root,
-                        per_container=config.net_per_container,
-                        prune_grace=config.net_prune_grace,
-                        traffic_mode=config.net_traffic_mode,
-                        limits=MapLimits(
-                            cgroups=config.bpf_max_cgroups, sockets=config.bpf_max_sockets
-                        ),
-                        modules_dir=config.kernel_modules,
-                        fallback_headers=config.kernel_headers,
-                    ),
-                    clock=clock,
-                )
-            )
+        try:
+            sources.append(_build_source(name, config, clock, background=background))
+        except ImportError as exc:
+            sources.append(MissingDependency(name, exc))
     return sources
+
+
+def _build_source(name: str, config: Config, clock: Clock, *, background: bool) -> Source[object]:
+    """One source; those with optional or heavy dependencies import them here."""
+    if name == "gpu":
+        gpu = GpuConfig(
+            sample_interval=config.sample_interval,
+            idle_threshold=config.idle_threshold,
+            nvlink_per_link=config.nvlink_per_link,
+            sysfs=config.sysfs,
+            background=background,
+        )
+        return GpuSource(gpu, clock=clock)
+    if name == "nic":
+        return NicSource(config.sysfs)
+    if name == "rdma":
+        return RdmaSource(config.sysfs)
+    if name == "kubelet":
+        from agent.k8s.kubelet_source import KubeletSource
+
+        return KubeletSource(
+            config.kubelet_socket,
+            interval=config.kubelet_interval,
+            clock=clock,
+            background=background,
+        )
+    if name == "pods":
+        from agent.k8s.client import make_client
+        from agent.k8s.pods_source import PodsSource
+
+        return PodsSource(
+            functools.partial(make_client, config.kubeconfig),
+            config.node_name,
+            order=config.workload_order,
+        )
+    if name == "net":
+        from agent.net.bpf_program import MapLimits
+        from agent.net.source import NetConfig, NetSource
+
+        net = NetConfig(
+            sysfs=config.sysfs,
+            procfs=config.procfs,
+            cgroup_root=config.cgroup_root,
+            per_container=config.net_per_container,
+            prune_grace=config.net_prune_grace,
+            traffic_mode=config.net_traffic_mode,
+            limits=MapLimits(cgroups=config.bpf_max_cgroups, sockets=config.bpf_max_sockets),
+            modules_dir=config.kernel_modules,
+            fallback_headers=config.kernel_headers,
+        )
+        return NetSource(net, clock=clock)
+    raise ValueError(f"unknown collector {name!r}")
 
 
 class Agent:

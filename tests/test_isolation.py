@@ -117,3 +117,20 @@ def test_a_renderer_bug_fails_only_its_collector(monkeypatch: pytest.MonkeyPatch
     assert m.value("gpuscope_collector_success", collector="gpu") == 0
     assert m.value("gpuscope_collector_success", collector="other") == 1
     assert m.get("gpuscope_build_info") == 1
+
+
+def test_a_missing_python_dependency_fails_only_its_collector(monkeypatch, caplog) -> None:
+    """grpc absent (a GPU check run from a bare checkout): the kubelet collector says so and
+    the others serve; the agent does not crash at start."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "agent.k8s.kubelet_source", None)  # import -> ImportError
+    config = parse(["--listen", ":0", "--collectors", "kubelet,nic"])
+    agent = Agent(config, clock=ManualClock(0.0))
+    with caplog.at_level(logging.ERROR, logger="gpuscope.sources"):
+        agent.start()
+    m = Exposition(generate_latest(agent.registry).decode())
+    assert m.value("gpuscope_collector_success", collector="kubelet") == 0
+    assert m.value("gpuscope_collector_success", collector="nic") == 1
+    assert "collector kubelet failed: cannot import agent.k8s.kubelet_source" in caplog.text
+    agent.stop()
