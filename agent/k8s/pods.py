@@ -72,6 +72,7 @@ class PodWatcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.synced = threading.Event()  # set after the first successful list
+        self.attempted = threading.Event()  # set after the first list, whatever its outcome
         self.lists = 0
         self.error: str | None = None
 
@@ -104,6 +105,7 @@ class PodWatcher:
                 if message != self.error:
                     log.warning("watching pods of node %s: %s", self._node, message)
                 self.error = message
+                self.attempted.set()
                 client = None
                 self._stop.wait(delay)
                 delay = min(self._backoff_max, delay * 2)
@@ -122,6 +124,7 @@ class PodWatcher:
             log.info("watching pods of node %s: recovered", self._node)
         self.error = None
         self.synced.set()
+        self.attempted.set()
         return str(listing.resourceVersion)
 
     def _watch(self, client: Any, rv: str) -> None:

@@ -41,8 +41,8 @@ class PodsSource:
             self.watcher.start()
             self._started = True
         # Give the first list a moment so the first scrape already has names; an API server
-        # that does not answer is reported by collect, and the watcher keeps trying.
-        self.watcher.synced.wait(self._sync_timeout)
+        # that fails or does not answer is reported by collect, and the watcher keeps trying.
+        self.watcher.attempted.wait(self._sync_timeout)
 
     def collect(self) -> PodsSnapshot:
         if not self.watcher.synced.is_set():
