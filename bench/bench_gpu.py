@@ -107,6 +107,8 @@ def bench_process(state: Path, window: float, scrape_every: float) -> dict[str, 
             f"127.0.0.1:{port}",
             "--collectors",
             "gpu",
+            "--labels-mode",
+            "none",  # the GPU source alone: node labels would add the API client
             "--log-level",
             "warning",
         ],

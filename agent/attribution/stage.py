@@ -21,8 +21,8 @@ from agent.attribution.processes import process_pod
 from agent.attribution.records import Attribution, GpuHolding, GpuStatus, PodGpuUsage, PodRef
 from agent.clock import Clock, SystemClock
 from agent.gpu.records import GpuReading, GpuSnapshot
-from agent.k8s.kubelet_source import KubeletSnapshot
 from agent.k8s.podresources.gpus import DEFAULT_GPU_RESOURCES, match_gpus
+from agent.k8s.podresources.records import KubeletSnapshot
 from agent.k8s.pods import PodMeta
 from agent.k8s.pods_source import PodsSnapshot
 from agent.k8s.workloads import Workload

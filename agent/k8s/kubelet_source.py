@@ -11,20 +11,17 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 
 from agent.clock import Clock, SystemClock
-from agent.k8s.podresources import PodDevices, PodResourcesClient
+from agent.k8s.podresources.client import PodResourcesClient
+from agent.k8s.podresources.records import KubeletSnapshot
 from agent.sources import SourceUnavailable
 
 log = logging.getLogger("gpuscope.kubelet")
 
 
-@dataclass(frozen=True, slots=True)
-class KubeletSnapshot:
-    pods: tuple[PodDevices, ...]
-    polled_at: float  # monotonic time of the answer
+__all__ = ["KubeletSnapshot", "KubeletSource"]
 
 
 class KubeletSource:

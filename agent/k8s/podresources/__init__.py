@@ -1,23 +1,13 @@
 """The kubelet's PodResources API: which devices, GPUs above all, each container was given.
 
 `PodResourcesClient` reads the API into the records of `records`; `gpu_allocations` matches
-those to the node's GPUs and MIG instances. Both are usable without the other.
+those to the node's GPUs and MIG instances. Both are usable without the other, and only the
+client needs gRPC: it is imported on first use, so the records and the matching (which the
+attribution stage uses on every scrape) do not cost every agent gRPC's 15 MB.
 """
 
-import os
+from typing import Any
 
-# gRPC's core logs to stderr from INFO up, in its own format (a line on every kubelet restart,
-# for one). The agent reports failures itself, once per change, so it keeps gRPC's errors only;
-# someone debugging gRPC can still set GRPC_VERBOSITY. gRPC reads the variable when it is first
-# imported, so this must run before the client module imports it.
-os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
-
-from agent.k8s.podresources.client import (
-    DEFAULT_SOCKET,
-    PodResourcesClient,
-    PodResourcesGetUnsupported,
-    PodResourcesUnavailable,
-)
 from agent.k8s.podresources.gpus import (
     GpuAllocation,
     GpuMatch,
@@ -31,6 +21,24 @@ from agent.k8s.podresources.records import (
     DeviceSource,
     PodDevices,
 )
+
+_CLIENT_NAMES = frozenset(
+    {
+        "DEFAULT_SOCKET",
+        "PodResourcesClient",
+        "PodResourcesGetUnsupported",
+        "PodResourcesUnavailable",
+    }
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _CLIENT_NAMES:
+        from agent.k8s.podresources import client
+
+        return getattr(client, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "DEFAULT_SOCKET",

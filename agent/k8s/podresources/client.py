@@ -17,12 +17,19 @@ the device plugin, or a DRA driver, handed to which container. Three things shap
 
 from __future__ import annotations
 
+import os
 import re
 import stat
 import threading
 from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
+
+# gRPC's core logs to stderr from INFO up, in its own format (a line on every kubelet restart,
+# for one). The agent reports failures itself, once per change, so it keeps gRPC's errors only;
+# someone debugging gRPC can still set GRPC_VERBOSITY. gRPC reads the variable when it is first
+# imported, so this must come before the import.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 import grpc
 

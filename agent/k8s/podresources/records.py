@@ -44,3 +44,11 @@ class PodDevices:
     namespace: str
     name: str
     containers: tuple[ContainerDevices, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class KubeletSnapshot:
+    """One answer of the kubelet's List: every pod it knows and its containers' devices."""
+
+    pods: tuple[PodDevices, ...]
+    polled_at: float  # monotonic time of the answer
