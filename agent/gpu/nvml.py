@@ -16,10 +16,11 @@ every other source.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import threading
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from agent.sources import SourceUnavailable
@@ -67,6 +68,7 @@ class Nvml:
         self._lib: Any = None
         self._lock = threading.Lock()
         self.errors: Counter[tuple[str, str]] = Counter()
+        self._field_requests: dict[tuple[tuple[int, int], ...], Any] = {}
 
     @property
     def lib(self) -> Any:
@@ -116,9 +118,14 @@ class Nvml:
         Codes in `absent` also mean "no value" without being errors (NOT_FOUND from
         nvmlDeviceGetSamples when no new sample exists yet, say).
         """
+        return self._guarded(function, getattr(self.lib, function), args, absent)
+
+    def _guarded(
+        self, function: str, fn: Callable[..., Any], args: Sequence[Any], absent: frozenset[int]
+    ) -> Any | None:
         lib = self.lib
         try:
-            return getattr(lib, function)(*args)
+            return fn(*args)
         except lib.NVMLError as exc:
             if exc.value in _QUIET or exc.value in absent:
                 return None
@@ -142,14 +149,18 @@ class Nvml:
         """One batched nvmlDeviceGetFieldValues call; per-field failures become `None`."""
         if not fields:
             return []
-        values = self.query("nvmlDeviceGetFieldValues", handle, list(fields))
+        request = tuple(fields)
+        values = self._guarded(
+            "nvmlDeviceGetFieldValues", self._fetch_fields, (handle, request), frozenset()
+        )
         if values is None:
             return [None] * len(fields)
         out: list[int | float | None] = []
+        get = ctypes.Structure.__getattribute__  # pynvml's override converts bytes: none here
         for (field_id, _scope), v in zip(fields, values, strict=True):
-            ret = int(v.nvmlReturn)
+            ret = int(get(v, "nvmlReturn"))
             if ret == 0:
-                out.append(_field_value(v))
+                out.append(union_value(get(v, "valueType"), get(v, "value")))
                 continue
             if ret in _LOST:
                 raise GpuLost(f"nvmlDeviceGetFieldValues: field {field_id}: error {ret}")
@@ -157,6 +168,23 @@ class Nvml:
                 self._record(f"nvmlDeviceGetFieldValues[{field_id}]", ret, f"error {ret}")
             out.append(None)
         return out
+
+    def _fetch_fields(self, handle: Any, request: tuple[tuple[int, int], ...]) -> Any:
+        """pynvml's nvmlDeviceGetFieldValues without its Python work per field: the request
+        (ids and scopes, 123 of them per GPU per scrape) is built once per field list and
+        copied with one memmove; NVML fills in the rest."""
+        lib = self.lib
+        template = self._field_requests.get(request)
+        if template is None:
+            template = (lib.c_nvmlFieldValue_t * len(request))()
+            for slot, (field_id, scope) in zip(template, request, strict=True):
+                slot.fieldId, slot.scopeId = field_id, scope
+            self._field_requests[request] = template
+        values = type(template)()
+        ctypes.memmove(values, template, ctypes.sizeof(template))
+        fn = lib._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")
+        lib._nvmlCheckReturn(fn(handle, ctypes.c_int32(len(request)), ctypes.byref(values)))
+        return values
 
     def _record(self, function: str, code: int, message: str) -> None:
         key = (function, message)
@@ -184,10 +212,6 @@ def union_value(value_type: int, union: Any) -> int | float:
     member = _UNION_MEMBERS.get(kind, "ullVal")
     value = getattr(union, member)
     return float(value) if kind == 0 else int(value)
-
-
-def _field_value(v: Any) -> int | float:
-    return union_value(v.valueType, v.value)
 
 
 def _init_failure(code: int, message: str) -> str:
