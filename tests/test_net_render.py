@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 from agent.net.bpf_program import RTT_SLOTS
-from agent.net.records import NetSnapshot, PodNetwork
+from agent.net.records import NetSnapshot, PodName, PodNetwork
 from exporters.prometheus.families import Families
 from exporters.prometheus.net import render_net
 from tests.promtext import Exposition
@@ -38,10 +38,6 @@ SNAPSHOT = NetSnapshot(
         PodNetwork(
             pod_uid=UID,
             container_id="",
-            namespace="ml-team",
-            pod="llama-ft-worker-0",
-            workload_kind="PyTorchJob",
-            workload="llama-ft",
             transmit_bytes={"tcp": 10_000_000},
             receive_bytes={"tcp": 250_000},
             transmit_calls={"tcp": 153},
@@ -63,6 +59,7 @@ SNAPSHOT = NetSnapshot(
     map_full={"traffic": 0, "sockets": 3, "tcp": 0, "rtt": 0},
     map_entries={"traffic": 6, "sockets": 12, "tcp": 2, "rtt": 4},
     map_max_entries={"traffic": 32768, "sockets": 262144, "tcp": 8192, "rtt": 131072},
+    names={UID: PodName("ml-team", "llama-ft-worker-0", "PyTorchJob", "llama-ft")},
 )
 
 

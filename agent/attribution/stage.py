@@ -26,7 +26,7 @@ from agent.k8s.podresources.records import KubeletSnapshot
 from agent.k8s.pods import PodMeta
 from agent.k8s.pods_source import PodsSnapshot
 from agent.k8s.workloads import Workload
-from agent.net.records import NetSnapshot, PodNetwork
+from agent.net.records import NetSnapshot, PodName
 from agent.sources import Collection, SourceResult
 
 log = logging.getLogger("gpuscope.attribution")
@@ -49,6 +49,9 @@ class Attributor:
         self._idle = idle or IdleAccountant()
         self._lock = threading.Lock()
         self._pods: Mapping[str, PodMeta] = {}  # last answer of the pods source, by UID
+        # Derived from `_pods`, rebuilt only when the pod list changes (not every scrape).
+        self._by_name: Mapping[tuple[str, str], PodMeta] = {}
+        self._net_names: Mapping[str, PodName] = {}
         self._unmatched_logged: set[str] = set()
 
     def attribute(self, collection: Collection) -> Collection:
@@ -59,10 +62,11 @@ class Attributor:
         gpu = _records(collection, "gpu", GpuSnapshot)
         kubelet = _records(collection, "kubelet", KubeletSnapshot)
         pods_now = _records(collection, "pods", PodsSnapshot, stale_ok=True)
-        if pods_now is not None:
+        if pods_now is not None and pods_now.pods is not self._pods:
             self._pods = pods_now.pods
-        by_uid = self._pods
-        by_name = {(m.namespace, m.name): m for m in by_uid.values()}
+            self._by_name = {(m.namespace, m.name): m for m in self._pods.values()}
+            self._net_names = {uid: _net_name(m) for uid, m in self._pods.items()}
+        by_uid, by_name = self._pods, self._by_name
 
         readings = [r for r in gpu.gpus if r.up] if gpu is not None else []
         holdings = self._holdings(kubelet, gpu, by_name) if kubelet is not None else None
@@ -81,7 +85,7 @@ class Attributor:
         net_result = results.get("net")
         net = _records(collection, "net", NetSnapshot)
         if net is not None and net_result is not None:
-            net = replace(net, pods=tuple(_named(p, by_uid) for p in net.pods))
+            net = replace(net, names=self._net_names)
             results["net"] = replace(net_result, records=net)
 
         pod_uids = {u.pod.uid for u in usage}
@@ -244,16 +248,11 @@ def _container_name(meta: PodMeta | None, container_id: str, holders: list[GpuHo
     return mine.pop() if len(mine) == 1 else ""
 
 
-def _named(pod: PodNetwork, by_uid: Mapping[str, PodMeta]) -> PodNetwork:
-    meta = by_uid.get(pod.pod_uid) if pod.pod_uid else None
-    if meta is None:
-        return pod
-    container = meta.containers.get(pod.container_id, pod.container_id)
-    return replace(
-        pod,
+def _net_name(meta: PodMeta) -> PodName:
+    return PodName(
         namespace=meta.namespace,
         pod=meta.name,
         workload_kind=meta.workload.kind,
         workload=meta.workload.name,
-        container=container,
+        containers=meta.containers,
     )

@@ -16,12 +16,6 @@ class PodNetwork:
 
     pod_uid: str
     container_id: str
-    # Filled in by the attribution stage from the Kubernetes API; empty until it knows.
-    namespace: str = ""
-    pod: str = ""
-    workload_kind: str = ""
-    workload: str = ""
-    container: str = ""  # the container's name where known, else its id (per-container mode)
     transmit_bytes: Mapping[str, int] = field(default_factory=dict)  # by protocol
     receive_bytes: Mapping[str, int] = field(default_factory=dict)
     transmit_calls: Mapping[str, int] = field(default_factory=dict)
@@ -40,9 +34,23 @@ class PodNetwork:
 
 
 @dataclass(frozen=True, slots=True)
+class PodName:
+    """What the Kubernetes API says of a pod UID; the attribution stage fills these in."""
+
+    namespace: str
+    pod: str
+    workload_kind: str
+    workload: str
+    containers: Mapping[str, str] = field(default_factory=dict)  # runtime id -> name
+
+
+@dataclass(frozen=True, slots=True)
 class NetSnapshot:
     pods: tuple[PodNetwork, ...]
     probes: Mapping[str, str]  # probe -> mode (tracepoint, cgroup_skb, absent)
     map_full: Mapping[str, int]  # failed inserts per map since load
     map_entries: Mapping[str, int]
     map_max_entries: Mapping[str, int]
+    # By pod UID, from the attribution stage (one mapping per pod list, shared by scrapes);
+    # empty until the Kubernetes API has named the pods. Pods it lacks keep only `pod_uid`.
+    names: Mapping[str, PodName] = field(default_factory=dict)

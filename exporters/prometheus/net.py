@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from agent.net.bpf_program import RTT_SLOTS
-from agent.net.records import NetSnapshot, PodNetwork
+from agent.net.records import NetSnapshot, PodName, PodNetwork
 from exporters.prometheus.families import Families
 
 # Histogram buckets: slot s of the kernel histogram holds srtt in [2^(s-1), 2^s) µs, so its
@@ -22,18 +22,22 @@ def render_net(snapshot: NetSnapshot, out: Families) -> None:
     for name, count in sorted(snapshot.map_max_entries.items()):
         out.add("gpuscope_bpf_map_max_entries", (name,), count)
     for pod in snapshot.pods:
-        _render_pod(pod, out)
+        _render_pod(pod, snapshot.names.get(pod.pod_uid) if pod.pod_uid else None, out)
 
 
-def _render_pod(pod: PodNetwork, out: Families) -> None:
-    who = (
-        pod.namespace,
-        pod.pod,
-        pod.pod_uid,
-        pod.workload_kind,
-        pod.workload,
-        pod.container or pod.container_id,
-    )
+def _render_pod(pod: PodNetwork, known: PodName | None, out: Families) -> None:
+    if known is None:  # the host set, or a pod the Kubernetes API has not named (yet)
+        who: tuple[str, ...] = ("", "", pod.pod_uid, "", "", pod.container_id)
+    else:
+        container = known.containers.get(pod.container_id, pod.container_id)
+        who = (
+            known.namespace,
+            known.pod,
+            pod.pod_uid,
+            known.workload_kind,
+            known.workload,
+            container,
+        )
     for name, table in (
         ("gpuscope_pod_network_transmit_bytes_total", pod.transmit_bytes),
         ("gpuscope_pod_network_receive_bytes_total", pod.receive_bytes),
