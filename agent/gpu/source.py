@@ -30,7 +30,6 @@ class GpuConfig:
     nvlink_per_link: bool = False
     sysfs: Path = Path("/sys")
     background: bool = True  # False: tests drive `sampler.tick()` themselves
-    processes: bool = True  # read GPU processes (for pod attribution)
 
 
 class GpuSource:
@@ -118,7 +117,7 @@ class GpuSource:
             uuid = device.identity.uuid
             xids = self.xid.counts(uuid) if self.xid is not None else {}
             reading = dev.read(self.nvml, device, integrals.get(uuid, empty), xids)
-            if reading.up and self.config.processes:
+            if reading.up:
                 reading = self._with_processes(device, reading)
             readings.append(reading)
         for index in self._undiscovered:

@@ -9,7 +9,6 @@ attribution stage then skips what depends on it and the device series carry on.
 
 from __future__ import annotations
 
-import logging
 import threading
 from pathlib import Path
 
@@ -17,11 +16,6 @@ from agent.clock import Clock, SystemClock
 from agent.k8s.podresources.client import PodResourcesClient
 from agent.k8s.podresources.records import KubeletSnapshot
 from agent.sources import SourceUnavailable
-
-log = logging.getLogger("gpuscope.kubelet")
-
-
-__all__ = ["KubeletSnapshot", "KubeletSource"]
 
 
 class KubeletSource:
