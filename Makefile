@@ -10,6 +10,9 @@ FAKENVML_LIB := $(BUILD)/fakenvml/libnvidia-ml.so.1
 CC           ?= cc
 CFLAGS_FAKE  := -std=c11 -O2 -g -fPIC -Wall -Wextra -Wpedantic -Wshadow -Wconversion -Werror
 PYTEST_ARGS  ?=
+# gpuscope/agent and gpuscope/exporters are links to agent/ and exporters/: lint each file once.
+LINT_PATHS   := agent exporters gpuscope/__init__.py gpuscope/__main__.py tests scripts \
+                scripts/gpu-check bench
 
 .PHONY: all deps venv fakenvml kernel demo test lint typecheck unit bench golden-update clean
 
@@ -45,8 +48,8 @@ demo: venv fakenvml kernel
 	@$(PY) scripts/demo.py $(DEMO_ARGS)
 
 lint: venv
-	$(VENV)/bin/ruff check agent exporters tests scripts scripts/gpu-check bench
-	$(VENV)/bin/ruff format --check agent exporters tests scripts scripts/gpu-check bench
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/ruff format --check $(LINT_PATHS)
 
 typecheck: venv
 	$(VENV)/bin/mypy

@@ -1,3 +1,1 @@
-"""gpuscope: node-level GPU and network observability agent for Kubernetes."""
-
-__version__ = "0.1.0"
+"""Sources, attribution, the sampler and the agent process (imported as `gpuscope.agent`)."""

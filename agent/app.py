@@ -12,20 +12,20 @@ import threading
 
 from prometheus_client.registry import CollectorRegistry
 
-from agent.attribution.stage import Attributor
-from agent.clock import Clock, SystemClock
-from agent.config import Config
-from agent.gpu.source import GpuConfig, GpuSource
-from agent.net.nic import NicSource
-from agent.net.rdma import RdmaSource
-from agent.sources import (
+from gpuscope.agent.attribution.stage import Attributor
+from gpuscope.agent.clock import Clock, SystemClock
+from gpuscope.agent.config import Config
+from gpuscope.agent.gpu.source import GpuConfig, GpuSource
+from gpuscope.agent.net.nic import NicSource
+from gpuscope.agent.net.rdma import RdmaSource
+from gpuscope.agent.sources import (
     Collection,
     Source,
     SourceRunner,
     SourceUnavailable,
     StatelessSource,
 )
-from exporters.prometheus.collector import GpuscopeCollector
+from gpuscope.exporters.prometheus.collector import GpuscopeCollector
 
 log = logging.getLogger("gpuscope")
 
@@ -71,7 +71,7 @@ def _build_source(name: str, config: Config, clock: Clock, *, background: bool) 
     if name == "rdma":
         return RdmaSource(config.sysfs)
     if name == "kubelet":
-        from agent.k8s.kubelet_source import KubeletSource
+        from gpuscope.agent.k8s.kubelet_source import KubeletSource
 
         return KubeletSource(
             config.kubelet_socket,
@@ -80,8 +80,8 @@ def _build_source(name: str, config: Config, clock: Clock, *, background: bool) 
             background=background,
         )
     if name == "pods":
-        from agent.k8s.client import make_client
-        from agent.k8s.pods_source import PodsSource
+        from gpuscope.agent.k8s.client import make_client
+        from gpuscope.agent.k8s.pods_source import PodsSource
 
         return PodsSource(
             functools.partial(make_client, config.kubeconfig),
@@ -89,8 +89,8 @@ def _build_source(name: str, config: Config, clock: Clock, *, background: bool) 
             order=config.workload_order,
         )
     if name == "net":
-        from agent.net.bpf_program import MapLimits
-        from agent.net.source import NetConfig, NetSource
+        from gpuscope.agent.net.bpf_program import MapLimits
+        from gpuscope.agent.net.source import NetConfig, NetSource
 
         net = NetConfig(
             sysfs=config.sysfs,

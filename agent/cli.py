@@ -9,12 +9,12 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from agent import logs
-from agent.app import Agent
-from agent.config import Config, ConfigError, parse
-from agent.gpu.source import GpuSource
-from agent.labels_loop import LabelsLoop, make_publisher
-from agent.server import MetricsServer
+from gpuscope.agent import logs
+from gpuscope.agent.app import Agent
+from gpuscope.agent.config import Config, ConfigError, parse
+from gpuscope.agent.gpu.source import GpuSource
+from gpuscope.agent.labels_loop import LabelsLoop, make_publisher
+from gpuscope.agent.server import MetricsServer
 
 log = logging.getLogger("gpuscope")
 
@@ -25,7 +25,7 @@ EXIT_RUNTIME = 1
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["labels"]:
-        from agent.labels_cli import labels_main
+        from gpuscope.agent.labels_cli import labels_main
 
         return labels_main(args[1:])
     try:

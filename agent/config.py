@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.k8s.workloads import DEFAULT_ORDER, RESOLVERS
+from gpuscope.agent.k8s.workloads import DEFAULT_ORDER, RESOLVERS
 
 AVAILABLE_COLLECTORS = ("gpu", "net", "nic", "rdma", "kubelet", "pods")
 DEFAULT_COLLECTORS = AVAILABLE_COLLECTORS
@@ -147,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _version() -> str:
-    from agent import __version__
+    from gpuscope import __version__
 
     return __version__
 

@@ -11,20 +11,20 @@ import json
 import sys
 from collections.abc import Sequence
 
-from agent import logs
-from agent.config import ConfigError, parse
-from agent.gpu.records import GpuSnapshot
-from agent.gpu.source import GpuConfig, GpuSource
-from agent.placement import network_placement
-from agent.sources import SourceUnavailable
-from exporters.labels.gpu import check, gpu_labels, topology_annotation
+from gpuscope.agent import logs
+from gpuscope.agent.config import ConfigError, parse
+from gpuscope.agent.gpu.records import GpuSnapshot
+from gpuscope.agent.gpu.source import GpuConfig, GpuSource
+from gpuscope.agent.placement import network_placement
+from gpuscope.agent.sources import SourceUnavailable
+from gpuscope.exporters.labels.gpu import check, gpu_labels, topology_annotation
 
 
 def remove_from_node(node: str, prefix: str) -> int:
     """`gpuscope labels --remove`: take every key the agent owns off the Node (uninstall)."""
     from lightkube import Client
 
-    from exporters.labels.publish import NodePublisher
+    from gpuscope.exporters.labels.publish import NodePublisher
 
     try:
         changed = NodePublisher(Client(), node, prefix).remove()

@@ -14,13 +14,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from agent.config import Config
-from agent.gpu.records import GpuSnapshot
-from agent.gpu.source import GpuSource
-from agent.placement import network_placement
-from agent.sources import SourceRunner
-from exporters.labels.gpu import gpu_labels, topology_annotation
-from exporters.labels.publish import (
+from gpuscope.agent.config import Config
+from gpuscope.agent.gpu.records import GpuSnapshot
+from gpuscope.agent.gpu.source import GpuSource
+from gpuscope.agent.placement import network_placement
+from gpuscope.agent.sources import SourceRunner
+from gpuscope.exporters.labels.gpu import gpu_labels, topology_annotation
+from gpuscope.exporters.labels.publish import (
     NodeFeaturePublisher,
     NodePublisher,
     write_features_file,
@@ -49,7 +49,7 @@ def make_publisher(config: Config) -> Publish | None:
 
     def publisher() -> Any:
         if not made:
-            from agent.k8s.client import make_client
+            from gpuscope.agent.k8s.client import make_client
 
             client = make_client(config.kubeconfig)
             if mode == "node":

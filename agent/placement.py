@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.gpu.device import sysfs_pci_address
-from agent.gpu.records import GpuSnapshot
-from agent.net.nic import read_nics
-from agent.pci import locate, nic_affinity, relationship
-from agent.sources import SourceUnavailable
+from gpuscope.agent.gpu.device import sysfs_pci_address
+from gpuscope.agent.gpu.records import GpuSnapshot
+from gpuscope.agent.net.nic import read_nics
+from gpuscope.agent.pci import locate, nic_affinity, relationship
+from gpuscope.agent.sources import SourceUnavailable
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
-from agent.clock import Clock, SystemClock
+from gpuscope.agent.clock import Clock, SystemClock
 
 log = logging.getLogger("gpuscope.sources")
 

@@ -28,9 +28,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from agent.app import Agent  # noqa: E402
-from agent.config import parse  # noqa: E402
 from bench.bench_gpu import proc_cpu_seconds, proc_rss_mb  # noqa: E402
+from gpuscope.agent.app import Agent  # noqa: E402
+from gpuscope.agent.config import parse  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
 from tests.fakenvml.control import FakeNvml, ensure_built  # noqa: E402
 from tests.simnode import GIB, ContainerSpec, SimNode  # noqa: E402
@@ -67,7 +67,7 @@ def start_agent(
     port = free_port()
     proc = subprocess.Popen(
         [
-            sys.executable, "-m", "agent.cli", "--listen", f"127.0.0.1:{port}",
+            sys.executable, "-m", "gpuscope", "--listen", f"127.0.0.1:{port}",
             "--collectors", collectors, "--kubelet-socket", str(node.kubelet_socket),
             "--kubeconfig", str(node.kubeconfig), "--node-name", node.node_name,
             "--kernel-headers", str(HEADERS), "--labels-mode", "none", "--log-level", "warning",

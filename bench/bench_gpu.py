@@ -28,9 +28,9 @@ sys.path.insert(0, str(REPO))
 
 from prometheus_client import generate_latest  # noqa: E402
 
-from agent.app import Agent  # noqa: E402
-from agent.config import parse  # noqa: E402
-from agent.gpu.source import GpuSource  # noqa: E402
+from gpuscope.agent.app import Agent  # noqa: E402
+from gpuscope.agent.config import parse  # noqa: E402
+from gpuscope.agent.gpu.source import GpuSource  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
 from tests.fakenvml.control import FakeNvml, ensure_built  # noqa: E402
 
@@ -102,7 +102,7 @@ def bench_process(state: Path, window: float, scrape_every: float) -> dict[str, 
         [
             sys.executable,
             "-m",
-            "agent.cli",
+            "gpuscope",
             "--listen",
             f"127.0.0.1:{port}",
             "--collectors",

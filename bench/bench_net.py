@@ -27,7 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from agent.net.source import NetConfig, NetSource  # noqa: E402
+from gpuscope.agent.net.source import NetConfig, NetSource  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
 from tests.fakenvml.control import FakeNvml, ensure_built  # noqa: E402
 
@@ -132,7 +132,7 @@ def agent_memory(collectors: str, state: Path) -> dict[str, float]:
     port = free_port()
     started = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "agent.cli", "--listen", f"127.0.0.1:{port}", "--collectors",
+        [sys.executable, "-m", "gpuscope", "--listen", f"127.0.0.1:{port}", "--collectors",
          collectors, "--kernel-headers", str(HEADERS), "--log-level", "warning"],
         cwd=REPO, env=os.environ | fake.env(),
     )  # fmt: skip

@@ -276,7 +276,7 @@ def agent_flags(node: SimNode | None) -> list[str]:
     if node is None:
         return []
     known = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "--help"],
+        [sys.executable, "-m", "gpuscope", "--help"],
         cwd=REPO, capture_output=True, text=True, check=False,
     ).stdout  # fmt: skip
     flags = [
@@ -331,7 +331,7 @@ def run_agent(
         [
             sys.executable,
             "-m",
-            "agent.cli",
+            "gpuscope",
             "--listen",
             f"127.0.0.1:{port}",
             "--kernel-headers",

@@ -16,15 +16,15 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from agent.app import Agent
-from agent.clock import ManualClock
-from agent.config import parse
-from agent.gpu.source import GpuSource
+from gpuscope.agent.app import Agent
+from gpuscope.agent.clock import ManualClock
+from gpuscope.agent.config import parse
+from gpuscope.agent.gpu.source import GpuSource
 from tests.fakenvml.control import FakeNvml, ensure_built
 from tests.promtext import Exposition
 
 REPO = Path(__file__).resolve().parents[1]
-GPUSCOPE = [sys.executable, "-m", "agent.cli"]
+GPUSCOPE = [sys.executable, "-m", "gpuscope"]
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z: frozen fake time for deterministic tests
 
 
@@ -179,9 +179,9 @@ def agent_process(tmp_path: Path) -> Iterator[Callable[..., AgentProcess]]:
 @pytest.fixture(autouse=True)
 def _fast_xid_wait(monkeypatch: pytest.MonkeyPatch) -> None:
     """Stopping the XID thread waits out one nvmlEventSetWait; keep that short in tests."""
-    import agent.gpu.xid
+    import gpuscope.agent.gpu.xid
 
-    monkeypatch.setattr(agent.gpu.xid, "WAIT_MS", 50)
+    monkeypatch.setattr(gpuscope.agent.gpu.xid, "WAIT_MS", 50)
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 5.0, what: str = "condition") -> None:

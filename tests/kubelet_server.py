@@ -26,7 +26,7 @@ from typing import Literal
 
 import grpc
 
-from agent.k8s.podresources.v1 import api_pb2, api_pb2_grpc
+from gpuscope.agent.k8s.podresources.v1 import api_pb2, api_pb2_grpc
 
 GetMode = Literal["served", "unimplemented", "disabled"]
 

@@ -20,7 +20,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.k8s.cgroups import detect_cgroup_v2_root
+from gpuscope.agent.k8s.cgroups import detect_cgroup_v2_root
 
 NETGEN = Path(__file__).parent / "netgen.py"
 PREFIX = "gpuscope-test"

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from exporters.prometheus.catalog import METRICS
+from gpuscope.exporters.prometheus.catalog import METRICS
 
 REPO = Path(__file__).resolve().parents[1]
 DASHBOARDS = REPO / "dashboards"

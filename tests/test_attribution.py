@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from agent.k8s.pods_source import PodsSource
+from gpuscope.agent.k8s.pods_source import PodsSource
 from tests.conftest import InProcess, wait_for
 from tests.kube_apiserver import KubeApiServer, owner_reference
 from tests.kube_apiserver import pod as pod_manifest

@@ -7,10 +7,16 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from agent.attribution.records import Attribution, GpuHolding, GpuStatus, PodGpuUsage, PodRef
-from agent.k8s.workloads import Workload
-from exporters.prometheus.attribution import render_attribution
-from exporters.prometheus.families import Families
+from gpuscope.agent.attribution.records import (
+    Attribution,
+    GpuHolding,
+    GpuStatus,
+    PodGpuUsage,
+    PodRef,
+)
+from gpuscope.agent.k8s.workloads import Workload
+from gpuscope.exporters.prometheus.attribution import render_attribution
+from gpuscope.exporters.prometheus.families import Families
 
 GOLDEN = Path(__file__).parent / "golden" / "attribution.prom"
 G0 = "GPU-3c5a2f41-8d7e-4b1a-9c3d-0e1f2a3b4c5d"

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.clock import ManualClock
-from agent.k8s import cgroups
-from agent.k8s.cgroups import (
+from gpuscope.agent.clock import ManualClock
+from gpuscope.agent.k8s import cgroups
+from gpuscope.agent.k8s.cgroups import (
     CgroupResolver,
     PodCgroup,
     QosClass,

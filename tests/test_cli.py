@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import ConfigError, parse
+from gpuscope.agent.config import ConfigError, parse
 from tests.conftest import GPUSCOPE, REPO
 
 

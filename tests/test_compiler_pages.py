@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.net.compiler_pages import compiler_mappings, release_compiler_pages
+from gpuscope.agent.net.compiler_pages import compiler_mappings, release_compiler_pages
 
 MAPS = """\
 55d1c0a00000-55d1c0a2f000 r--p 00000000 08:01 1234 /usr/bin/python3.11
@@ -31,7 +31,7 @@ def test_only_llvm_and_clang_mappings_are_chosen() -> None:
 def test_release_lowers_rss_after_a_real_compile() -> None:
     if os.geteuid() != 0:
         pytest.fail("compiling a BPF program needs root (CI runs as root)")
-    from agent.net.ebpf import import_bcc
+    from gpuscope.agent.net.ebpf import import_bcc
 
     bcc = import_bcc()
     headers = Path(__file__).resolve().parents[1] / "build" / "kernel-headers" / "debian"

@@ -32,8 +32,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from agent.config import Config, parse
-from agent.net.ebpf import TRACEFS_CANDIDATES
+from gpuscope.agent.config import Config, parse
+from gpuscope.agent.net.ebpf import TRACEFS_CANDIDATES
 from tests.conftest import REPO
 from tests.manifests import KUSTOMIZATIONS, container, daemonset, find, render
 

@@ -7,10 +7,10 @@ import logging
 import pytest
 from prometheus_client import generate_latest
 
-from agent.app import Agent
-from agent.clock import ManualClock
-from agent.config import parse
-from agent.sources import SourceUnavailable
+from gpuscope.agent.app import Agent
+from gpuscope.agent.clock import ManualClock
+from gpuscope.agent.config import parse
+from gpuscope.agent.sources import SourceUnavailable
 from tests.promtext import Exposition
 
 
@@ -104,7 +104,7 @@ def test_errors_are_logged_once_per_change_of_state(caplog) -> None:
 
 
 def test_a_renderer_bug_fails_only_its_collector(monkeypatch: pytest.MonkeyPatch) -> None:
-    import exporters.prometheus.collector as collector
+    import gpuscope.exporters.prometheus.collector as collector
 
     def broken(records: object, out: object) -> None:
         raise KeyError("oops")
@@ -124,7 +124,8 @@ def test_a_missing_python_dependency_fails_only_its_collector(monkeypatch, caplo
     the others serve; the agent does not crash at start."""
     import sys
 
-    monkeypatch.setitem(sys.modules, "agent.k8s.kubelet_source", None)  # import -> ImportError
+    # A None entry in sys.modules makes the import raise ImportError.
+    monkeypatch.setitem(sys.modules, "gpuscope.agent.k8s.kubelet_source", None)
     config = parse(["--listen", ":0", "--collectors", "kubelet,nic"])
     agent = Agent(config, clock=ManualClock(0.0))
     with caplog.at_level(logging.ERROR, logger="gpuscope.sources"):
@@ -132,5 +133,7 @@ def test_a_missing_python_dependency_fails_only_its_collector(monkeypatch, caplo
     m = Exposition(generate_latest(agent.registry).decode())
     assert m.value("gpuscope_collector_success", collector="kubelet") == 0
     assert m.value("gpuscope_collector_success", collector="nic") == 1
-    assert "collector kubelet failed: cannot import agent.k8s.kubelet_source" in caplog.text
+    assert (
+        "collector kubelet failed: cannot import gpuscope.agent.k8s.kubelet_source" in caplog.text
+    )
     agent.stop()

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from lightkube import Client, KubeConfig
 
-from exporters.labels.gpu import gpu_labels
-from exporters.labels.publish import (
+from gpuscope.exporters.labels.gpu import gpu_labels
+from gpuscope.exporters.labels.publish import (
     NodePublisher,
     PublishError,
     node_patch,
@@ -137,7 +137,7 @@ def test_features_file_is_written_atomically_and_only_on_change(tmp_path: Path) 
 
 
 def test_nodefeature_mode_object_shape(inprocess, api) -> None:
-    from exporters.labels.publish import NodeFeaturePublisher
+    from gpuscope.exporters.labels.publish import NodeFeaturePublisher
 
     server, client = api
     h = inprocess("dgx-h100")

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.gpu.records import GpuSnapshot
-from exporters.labels.gpu import check, gpu_labels
-from exporters.labels.values import is_valid_value, label_value
+from gpuscope.agent.gpu.records import GpuSnapshot
+from gpuscope.exporters.labels.gpu import check, gpu_labels
+from gpuscope.exporters.labels.values import is_valid_value, label_value
 from tests.conftest import GPUSCOPE, REPO
 from tests.fakenvml.control import FakeNvml
 from tests.fixtures.make_sysfs import write_tree
@@ -175,8 +175,8 @@ def test_no_fabric_no_domain_labels(inprocess) -> None:
 
 
 def test_topology_annotation_matrices(inprocess, tmp_path: Path) -> None:
-    from agent.placement import network_placement
-    from exporters.labels.gpu import topology_annotation
+    from gpuscope.agent.placement import network_placement
+    from gpuscope.exporters.labels.gpu import topology_annotation
 
     h = inprocess("dgx-h100")
     snap = snapshot(h)
@@ -196,7 +196,7 @@ def test_topology_annotation_matrices(inprocess, tmp_path: Path) -> None:
 
 
 def test_pcie_only_node_matrix_uses_pcie_levels(inprocess) -> None:
-    from exporters.labels.gpu import topology_annotation
+    from gpuscope.exporters.labels.gpu import topology_annotation
 
     doc = json.loads(topology_annotation(snapshot(inprocess("pcie-l40s"))))
     assert doc["gpu_gpu"][0] == ["x", "node", "sys", "sys"]

@@ -182,7 +182,7 @@ def run_agent(
     no_modules = workdir / "no-modules"  # force the image's tree: no /lib/modules/<release>
     no_modules.mkdir(exist_ok=True)
     cmd = [
-        sys.executable, "-m", "agent.cli",
+        sys.executable, "-m", "gpuscope",
         "--listen", f"127.0.0.1:{port}",
         "--collectors", ",".join(COLLECTORS),
         "--labels-mode", "none",
@@ -268,9 +268,9 @@ def test_without_each_capability_net_fails(cap: str, workdir: Path, image_header
 LOAD_DIRECTLY = """
 import sys
 from pathlib import Path
-from agent.net.bpf_program import MapLimits
-from agent.net.ebpf import BpfProbes, HeaderTree, plan_probes, tracefs_root
-from agent.k8s.cgroups import detect_cgroup_v2_root
+from gpuscope.agent.net.bpf_program import MapLimits
+from gpuscope.agent.net.ebpf import BpfProbes, HeaderTree, plan_probes, tracefs_root
+from gpuscope.agent.k8s.cgroups import detect_cgroup_v2_root
 probes = BpfProbes(plan_probes(tracefs_root(), sys.argv[1]), MapLimits(cgroups=64, sockets=1024))
 try:
     root = detect_cgroup_v2_root(Path("/sys/fs/cgroup"))

@@ -6,8 +6,8 @@ import os
 import re
 from pathlib import Path
 
-from exporters.prometheus.catalog import METRICS
-from exporters.prometheus.docs import DOC_PATH, render_markdown
+from gpuscope.exporters.prometheus.catalog import METRICS
+from gpuscope.exporters.prometheus.docs import DOC_PATH, render_markdown
 
 GOLDEN = Path(__file__).parent / "golden"
 # Exported only behind flags; their presence is tested in test_profiles.py.
@@ -21,7 +21,7 @@ def test_docs_match_catalog() -> None:
     if os.environ.get("GPUSCOPE_UPDATE_GOLDEN") == "1":
         DOC_PATH.write_text(render_markdown())
     assert DOC_PATH.read_text() == render_markdown(), (
-        "docs/metrics.md is stale: run `python -m exporters.prometheus.docs --write`"
+        "docs/metrics.md is stale: run `python -m gpuscope.exporters.prometheus.docs --write`"
     )
 
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.clock import ManualClock
-from agent.net.bpf_program import RTT_SLOTS
-from agent.net.records import NetSnapshot, PodNetwork
-from agent.net.source import NetConfig, NetSource
+from gpuscope.agent.clock import ManualClock
+from gpuscope.agent.net.bpf_program import RTT_SLOTS
+from gpuscope.agent.net.records import NetSnapshot, PodNetwork
+from gpuscope.agent.net.source import NetConfig, NetSource
 from tests.conftest import REPO
 from tests.netlab import NetnsPair, Pod, Pods, finish, wait_ready
 

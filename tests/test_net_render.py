@@ -8,10 +8,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from agent.net.bpf_program import RTT_SLOTS
-from agent.net.records import NetSnapshot, PodName, PodNetwork
-from exporters.prometheus.families import Families
-from exporters.prometheus.net import render_net
+from gpuscope.agent.net.bpf_program import RTT_SLOTS
+from gpuscope.agent.net.records import NetSnapshot, PodName, PodNetwork
+from gpuscope.exporters.prometheus.families import Families
+from gpuscope.exporters.prometheus.net import render_net
 from tests.promtext import Exposition
 
 GOLDEN = Path(__file__).parent / "golden" / "net-records.prom"

@@ -11,10 +11,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from agent.net.nic import NicReading, NicSnapshot, NicSource, read_nics
-from agent.sources import SourceRunner, SourceUnavailable
-from exporters.prometheus.families import Families
-from exporters.prometheus.net_devices import render_nic
+from gpuscope.agent.net.nic import NicReading, NicSnapshot, NicSource, read_nics
+from gpuscope.agent.sources import SourceRunner, SourceUnavailable
+from gpuscope.exporters.prometheus.families import Families
+from gpuscope.exporters.prometheus.net_devices import render_nic
 from tests.fixtures.make_sysfs import Node, gpu_node, write_tree
 from tests.fixtures.netmetrics import promtool_check, render, scrape
 

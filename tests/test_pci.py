@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.pci import PciLocation, locate, nic_affinity, relationship
+from gpuscope.agent.pci import PciLocation, locate, nic_affinity, relationship
 from tests.fixtures.make_sysfs import write_tree
 
 DGX_GPUS = ["18", "2a", "3a", "5d", "9a", "ab", "ba", "db"]

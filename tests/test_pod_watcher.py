@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from lightkube import Client, KubeConfig
 
-from agent.k8s.pods import PodWatcher
+from gpuscope.agent.k8s.pods import PodWatcher
 from tests.conftest import wait_for
 from tests.kube_apiserver import KubeApiServer
 

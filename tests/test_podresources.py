@@ -9,7 +9,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from agent.k8s.podresources import (
+from gpuscope.agent.k8s.podresources import (
     ContainerDevices,
     Device,
     GpuAllocation,
@@ -21,8 +21,8 @@ from agent.k8s.podresources import (
     gpu_allocations,
     match_gpus,
 )
-from agent.k8s.podresources.v1 import api_pb2
-from agent.sources import SourceUnavailable, _describe
+from gpuscope.agent.k8s.podresources.v1 import api_pb2
+from gpuscope.agent.sources import SourceUnavailable, _describe
 from tests.kubelet_server import KubeletServer, claim, container, devices, pod
 
 GPU0 = "GPU-8f2c1d90-3e5a-4b17-9c2e-5da9abb51763"

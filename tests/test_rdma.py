@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from agent.app import Agent
-from agent.config import parse
-from agent.net.nic import NicSource, read_nics
-from agent.net.rdma import (
+from gpuscope.agent.app import Agent
+from gpuscope.agent.config import parse
+from gpuscope.agent.net.nic import NicSource, read_nics
+from gpuscope.agent.net.rdma import (
     HW_COUNTERS,
     RdmaDevice,
     RdmaPort,
@@ -24,10 +24,10 @@ from agent.net.rdma import (
     parse_state,
     read_rdma,
 )
-from agent.sources import SourceRunner, SourceUnavailable
-from exporters.prometheus.collector import RENDERERS, GpuscopeCollector
-from exporters.prometheus.families import Families
-from exporters.prometheus.net_devices import render_nic, render_rdma
+from gpuscope.agent.sources import SourceRunner, SourceUnavailable
+from gpuscope.exporters.prometheus.collector import RENDERERS, GpuscopeCollector
+from gpuscope.exporters.prometheus.families import Families
+from gpuscope.exporters.prometheus.net_devices import render_nic, render_rdma
 from tests.fixtures.make_sysfs import MLX5_HW_COUNTERS, gpu_node, write_tree
 from tests.fixtures.netmetrics import promtool_check, render, scrape
 from tests.promtext import Exposition

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.gpu.sampler import RateIntegrator, UtilizationIntegrator
+from gpuscope.agent.gpu.sampler import RateIntegrator, UtilizationIntegrator
 
 # A training-like pattern: compute bursts, an all-reduce stall, a data-loading gap.
 PATTERN = [(7.0, 90.0, 40.0), (5.0, 0.0, 0.0), (11.0, 35.0, 10.0), (3.0, 100.0, 80.0)]

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.gpu.records import GpuSnapshot
-from agent.pci import LEVELS
-from exporters.labels.gpu import FAMILIES, NetworkPlacement, gpu_labels
-from exporters.labels.publish import OWNED
+from gpuscope.agent.gpu.records import GpuSnapshot
+from gpuscope.agent.pci import LEVELS
+from gpuscope.exporters.labels.gpu import FAMILIES, NetworkPlacement, gpu_labels
+from gpuscope.exporters.labels.publish import OWNED
 from tests.conftest import GPUSCOPE, REPO
 from tests.fakenvml.control import FakeNvml
 from tests.fixtures.make_sysfs import write_tree

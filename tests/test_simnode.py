@@ -15,9 +15,9 @@ import pytest
 from lightkube import Client, KubeConfig
 from lightkube.resources.core_v1 import Node, Pod
 
-from agent.k8s.cgroups import parse_proc_cgroup
-from agent.k8s.podresources.client import PodResourcesClient
-from agent.k8s.workloads import resolve
+from gpuscope.agent.k8s.cgroups import parse_proc_cgroup
+from gpuscope.agent.k8s.podresources.client import PodResourcesClient
+from gpuscope.agent.k8s.workloads import resolve
 from tests.conftest import T0
 from tests.fakenvml.control import FakeNvml
 from tests.simnode import (

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from agent.k8s.workloads import Workload, resolve
+from gpuscope.agent.k8s.workloads import Workload, resolve
 
 
 def pod(

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from agent.attribution.records import GpuHolding, IdleKey
+from gpuscope.agent.attribution.records import GpuHolding, IdleKey
 
 RETENTION_SECONDS = 900.0  # a workload's counter outlives its last allocation by this much
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent.k8s.cgroups import PodCgroup, parse_proc_cgroup
+from gpuscope.agent.k8s.cgroups import PodCgroup, parse_proc_cgroup
 
 HOST_PROCESS = PodCgroup(pod_uid="", container_id=None, qos="burstable", runtime=None)
 

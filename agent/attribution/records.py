@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from agent.k8s.workloads import Workload
+from gpuscope.agent.k8s.workloads import Workload
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,18 +16,24 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
-from agent.attribution.idle import GpuIdleInput, IdleAccountant
-from agent.attribution.processes import process_pod
-from agent.attribution.records import Attribution, GpuHolding, GpuStatus, PodGpuUsage, PodRef
-from agent.clock import Clock, SystemClock
-from agent.gpu.records import GpuReading, GpuSnapshot
-from agent.k8s.podresources.gpus import DEFAULT_GPU_RESOURCES, match_gpus
-from agent.k8s.podresources.records import KubeletSnapshot
-from agent.k8s.pods import PodMeta
-from agent.k8s.pods_source import PodsSnapshot
-from agent.k8s.workloads import Workload
-from agent.net.records import NetSnapshot, PodName
-from agent.sources import Collection, SourceResult
+from gpuscope.agent.attribution.idle import GpuIdleInput, IdleAccountant
+from gpuscope.agent.attribution.processes import process_pod
+from gpuscope.agent.attribution.records import (
+    Attribution,
+    GpuHolding,
+    GpuStatus,
+    PodGpuUsage,
+    PodRef,
+)
+from gpuscope.agent.clock import Clock, SystemClock
+from gpuscope.agent.gpu.records import GpuReading, GpuSnapshot
+from gpuscope.agent.k8s.podresources.gpus import DEFAULT_GPU_RESOURCES, match_gpus
+from gpuscope.agent.k8s.podresources.records import KubeletSnapshot
+from gpuscope.agent.k8s.pods import PodMeta
+from gpuscope.agent.k8s.pods_source import PodsSnapshot
+from gpuscope.agent.k8s.workloads import Workload
+from gpuscope.agent.net.records import NetSnapshot, PodName
+from gpuscope.agent.sources import Collection, SourceResult
 
 log = logging.getLogger("gpuscope.attribution")
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.gpu import fields
-from agent.gpu.nvml import NOT_FOUND, GpuLost, Nvml, text
-from agent.gpu.records import GpuIdentity, GpuIntegrals, GpuReading, MigInstance, NvLink
+from gpuscope.agent.gpu import fields
+from gpuscope.agent.gpu.nvml import NOT_FOUND, GpuLost, Nvml, text
+from gpuscope.agent.gpu.records import GpuIdentity, GpuIntegrals, GpuReading, MigInstance, NvLink
 
 log = logging.getLogger("gpuscope.gpu")
 

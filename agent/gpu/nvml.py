@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from agent.sources import SourceUnavailable
+from gpuscope.agent.sources import SourceUnavailable
 
 log = logging.getLogger("gpuscope.gpu.nvml")
 

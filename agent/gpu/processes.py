@@ -18,10 +18,10 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping
 
-from agent.clock import Clock, SystemClock
-from agent.gpu.device import Device
-from agent.gpu.nvml import NOT_FOUND, Nvml
-from agent.gpu.records import GpuProcess, MigInstance
+from gpuscope.agent.clock import Clock, SystemClock
+from gpuscope.agent.gpu.device import Device
+from gpuscope.agent.gpu.nvml import NOT_FOUND, Nvml
+from gpuscope.agent.gpu.records import GpuProcess, MigInstance
 
 NO_INSTANCE = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId of a process outside MIG
 HOLD_SECONDS = 2.0  # longer than the slowest NVML sample period (1 s)

@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from enum import Enum
 from types import MappingProxyType
 
-from agent.clock import Clock
-from agent.gpu import fields
-from agent.gpu.device import Device
-from agent.gpu.nvml import NOT_FOUND, GpuLost, Nvml, union_value
-from agent.gpu.records import GpuIntegrals
+from gpuscope.agent.clock import Clock
+from gpuscope.agent.gpu import fields
+from gpuscope.agent.gpu.device import Device
+from gpuscope.agent.gpu.nvml import NOT_FOUND, GpuLost, Nvml, union_value
+from gpuscope.agent.gpu.records import GpuIntegrals
 
 log = logging.getLogger("gpuscope.gpu.sampler")
 

@@ -11,14 +11,20 @@ import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from agent.clock import Clock, SystemClock
-from agent.gpu import device as dev
-from agent.gpu.nvml import GpuLost, Nvml, NvmlCallError, text
-from agent.gpu.processes import ProcessReader
-from agent.gpu.records import GpuIdentity, GpuIntegrals, GpuReading, GpuSnapshot, GpuTopology
-from agent.gpu.sampler import Sampler
-from agent.gpu.topology import read_topology
-from agent.gpu.xid import XidWatcher
+from gpuscope.agent.clock import Clock, SystemClock
+from gpuscope.agent.gpu import device as dev
+from gpuscope.agent.gpu.nvml import GpuLost, Nvml, NvmlCallError, text
+from gpuscope.agent.gpu.processes import ProcessReader
+from gpuscope.agent.gpu.records import (
+    GpuIdentity,
+    GpuIntegrals,
+    GpuReading,
+    GpuSnapshot,
+    GpuTopology,
+)
+from gpuscope.agent.gpu.sampler import Sampler
+from gpuscope.agent.gpu.topology import read_topology
+from gpuscope.agent.gpu.xid import XidWatcher
 
 log = logging.getLogger("gpuscope.gpu")
 

@@ -9,9 +9,9 @@ import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
-from agent.gpu.device import Device, nvlink_count
-from agent.gpu.nvml import GpuLost, Nvml, text
-from agent.gpu.records import Fabric, GpuTopology, NvLinkPeer
+from gpuscope.agent.gpu.device import Device, nvlink_count
+from gpuscope.agent.gpu.nvml import GpuLost, Nvml, text
+from gpuscope.agent.gpu.records import Fabric, GpuTopology, NvLinkPeer
 
 log = logging.getLogger("gpuscope.gpu.topology")
 

@@ -18,8 +18,8 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from agent.gpu.device import Device
-from agent.gpu.nvml import TIMEOUT, GpuLost, Nvml, NvmlCallError
+from gpuscope.agent.gpu.device import Device
+from gpuscope.agent.gpu.nvml import TIMEOUT, GpuLost, Nvml, NvmlCallError
 
 log = logging.getLogger("gpuscope.gpu.xid")
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from agent.clock import Clock, SystemClock
-from agent.k8s.podresources.client import PodResourcesClient
-from agent.k8s.podresources.records import KubeletSnapshot
-from agent.sources import SourceUnavailable
+from gpuscope.agent.clock import Clock, SystemClock
+from gpuscope.agent.k8s.podresources.client import PodResourcesClient
+from gpuscope.agent.k8s.podresources.records import KubeletSnapshot
+from gpuscope.agent.sources import SourceUnavailable
 
 
 class KubeletSource:

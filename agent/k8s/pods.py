@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from agent.k8s.workloads import DEFAULT_ORDER, Workload, resolve
+from gpuscope.agent.k8s.workloads import DEFAULT_ORDER, Workload, resolve
 
 log = logging.getLogger("gpuscope.k8s.pods")
 

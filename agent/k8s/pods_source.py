@@ -11,9 +11,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agent.k8s.pods import PodMeta, PodWatcher
-from agent.k8s.workloads import DEFAULT_ORDER
-from agent.sources import SourceStale, SourceUnavailable
+from gpuscope.agent.k8s.pods import PodMeta, PodWatcher
+from gpuscope.agent.k8s.workloads import DEFAULT_ORDER
+from gpuscope.agent.sources import SourceStale, SourceUnavailable
 
 
 @dataclass(frozen=True, slots=True)

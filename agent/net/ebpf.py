@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.net.bpf_program import MAP_INDEX, MapLimits, ProbePlan, program_text
-from agent.net.compiler_pages import release_compiler_pages
-from agent.sources import SourceUnavailable
+from gpuscope.agent.net.bpf_program import MAP_INDEX, MapLimits, ProbePlan, program_text
+from gpuscope.agent.net.compiler_pages import release_compiler_pages
+from gpuscope.agent.sources import SourceUnavailable
 
 log = logging.getLogger("gpuscope.net.bpf")
 

@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.sources import SourceUnavailable, StatelessSource
+from gpuscope.agent.sources import SourceUnavailable, StatelessSource
 
 MEGABIT = 125_000  # bytes per second in one Mb/s, the unit of `speed`
 SPEED_UNKNOWN = 0xFFFFFFFF  # SPEED_UNKNOWN read back through an unsigned format

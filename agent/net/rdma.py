@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from agent.net.nic import list_dir, read_int, read_text
-from agent.sources import SourceUnavailable, StatelessSource
+from gpuscope.agent.net.nic import list_dir, read_int, read_text
+from gpuscope.agent.sources import SourceUnavailable, StatelessSource
 
 Kind = Literal["error", "congestion"]
 ERROR: Kind = "error"

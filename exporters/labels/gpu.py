@@ -14,9 +14,9 @@ import json
 from collections import Counter
 from collections.abc import Mapping
 
-from agent.gpu.records import GpuReading, GpuSnapshot, GpuTopology
-from agent.placement import NetworkPlacement
-from exporters.labels.values import MAX_LENGTH, is_valid_value, label_value
+from gpuscope.agent.gpu.records import GpuReading, GpuSnapshot, GpuTopology
+from gpuscope.agent.placement import NetworkPlacement
+from gpuscope.exporters.labels.values import MAX_LENGTH, is_valid_value, label_value
 
 MIB = 1024 * 1024
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from agent.attribution.records import Attribution
-from exporters.prometheus.families import Families
+from gpuscope.agent.attribution.records import Attribution
+from gpuscope.exporters.prometheus.families import Families
 
 
 def render_attribution(att: Attribution, out: Families) -> None:

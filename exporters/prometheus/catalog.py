@@ -8,11 +8,11 @@ metrics in its own `catalog_<collector>.py`; this module assembles them in expor
 
 from __future__ import annotations
 
-from exporters.prometheus.catalog_gpu import GPU_METRICS
-from exporters.prometheus.catalog_net import NET_METRICS
-from exporters.prometheus.catalog_nic import NIC_METRICS, RDMA_METRICS
-from exporters.prometheus.catalog_pods import ATTRIBUTION_METRICS
-from exporters.prometheus.spec import MetricSpec
+from gpuscope.exporters.prometheus.catalog_gpu import GPU_METRICS
+from gpuscope.exporters.prometheus.catalog_net import NET_METRICS
+from gpuscope.exporters.prometheus.catalog_nic import NIC_METRICS, RDMA_METRICS
+from gpuscope.exporters.prometheus.catalog_pods import ATTRIBUTION_METRICS
+from gpuscope.exporters.prometheus.spec import MetricSpec
 
 __all__ = ["BY_NAME", "METRICS", "ORDER", "MetricSpec"]
 

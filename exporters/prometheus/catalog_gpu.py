@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from exporters.prometheus.spec import GPU, MetricSpec
+from gpuscope.exporters.prometheus.spec import GPU, MetricSpec
 
 GPU_METRICS: tuple[MetricSpec, ...] = (
     # --- GPU identity and health ------------------------------------------------------------

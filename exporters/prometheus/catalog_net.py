@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from exporters.prometheus.spec import MetricSpec
+from gpuscope.exporters.prometheus.spec import MetricSpec
 
 # Pods are identified by UID always, and by name and workload once the Kubernetes API has
 # named them (empty until then; the last known names stay while the API is unreachable).

@@ -8,7 +8,7 @@ firmware and the RDMA-to-netdev link are on the `_info` series, to join on.
 
 from __future__ import annotations
 
-from exporters.prometheus.spec import MetricSpec
+from gpuscope.exporters.prometheus.spec import MetricSpec
 
 NIC = ("device",)
 PORT = ("device", "port")

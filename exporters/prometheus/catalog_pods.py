@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from exporters.prometheus.spec import GPU, MetricSpec
+from gpuscope.exporters.prometheus.spec import GPU, MetricSpec
 
 WORKLOAD = ("workload_kind", "workload")
 POD_GPU = (*GPU, "namespace", "pod", "pod_uid", "container", *WORKLOAD)

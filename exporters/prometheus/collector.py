@@ -16,15 +16,15 @@ from typing import Any
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-import agent
-from agent.attribution.records import Attribution
-from agent.gpu.records import GpuSnapshot
-from agent.sources import Collection
-from exporters.prometheus.attribution import render_attribution
-from exporters.prometheus.families import Families
-from exporters.prometheus.gpu import render_gpu
-from exporters.prometheus.net import render_net
-from exporters.prometheus.net_devices import render_nic, render_rdma
+import gpuscope
+from gpuscope.agent.attribution.records import Attribution
+from gpuscope.agent.gpu.records import GpuSnapshot
+from gpuscope.agent.sources import Collection
+from gpuscope.exporters.prometheus.attribution import render_attribution
+from gpuscope.exporters.prometheus.families import Families
+from gpuscope.exporters.prometheus.gpu import render_gpu
+from gpuscope.exporters.prometheus.net import render_net
+from gpuscope.exporters.prometheus.net_devices import render_nic, render_rdma
 
 log = logging.getLogger("gpuscope.exporter")
 
@@ -90,4 +90,4 @@ def _build_labels(collection: Collection) -> tuple[str, str, str, str]:
     gpu = collection.records("gpu")
     nvml_version = gpu.nvml_version if isinstance(gpu, GpuSnapshot) else ""
     driver_version = gpu.driver_version if isinstance(gpu, GpuSnapshot) else ""
-    return (agent.__version__, platform.python_version(), nvml_version, driver_version)
+    return (gpuscope.__version__, platform.python_version(), nvml_version, driver_version)

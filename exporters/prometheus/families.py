@@ -20,7 +20,7 @@ from prometheus_client.core import (
     Metric,
 )
 
-from exporters.prometheus.catalog import BY_NAME, ORDER, MetricSpec
+from gpuscope.exporters.prometheus.catalog import BY_NAME, ORDER, MetricSpec
 
 Sample = tuple[tuple[str, ...], float]
 # A histogram sample: cumulative (le, count) pairs ending with +Inf, the sum, the count.

@@ -3,8 +3,8 @@ else about a GPU is on `gpuscope_gpu_info`, so device series stay stable while p
 
 from __future__ import annotations
 
-from agent.gpu.records import GpuReading, GpuSnapshot
-from exporters.prometheus.families import Families
+from gpuscope.agent.gpu.records import GpuReading, GpuSnapshot
+from gpuscope.exporters.prometheus.families import Families
 
 
 def render_gpu(snapshot: GpuSnapshot, out: Families) -> None:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from agent.net.bpf_program import RTT_SLOTS
-from agent.net.records import NetSnapshot, PodName, PodNetwork
-from exporters.prometheus.families import Families
+from gpuscope.agent.net.bpf_program import RTT_SLOTS
+from gpuscope.agent.net.records import NetSnapshot, PodName, PodNetwork
+from gpuscope.exporters.prometheus.families import Families
 
 # Histogram buckets: slot s of the kernel histogram holds srtt in [2^(s-1), 2^s) µs, so its
 # upper bound is 2^s µs. Slots below the first bound fold into it; above the last, +Inf.

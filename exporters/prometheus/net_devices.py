@@ -3,9 +3,9 @@ only; what describes a device is on its `_info` series, so device series stay st
 
 from __future__ import annotations
 
-from agent.net.nic import NicReading, NicSnapshot
-from agent.net.rdma import RdmaDevice, RdmaPort, RdmaSnapshot
-from exporters.prometheus.families import Families
+from gpuscope.agent.net.nic import NicReading, NicSnapshot
+from gpuscope.agent.net.rdma import RdmaDevice, RdmaPort, RdmaSnapshot
+from gpuscope.exporters.prometheus.families import Families
 
 
 def render_nic(snapshot: NicSnapshot, out: Families) -> None:

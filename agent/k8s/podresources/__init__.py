@@ -8,14 +8,14 @@ attribution stage uses on every scrape) do not cost every agent gRPC's 15 MB.
 
 from typing import Any
 
-from agent.k8s.podresources.gpus import (
+from gpuscope.agent.k8s.podresources.gpus import (
     GpuAllocation,
     GpuMatch,
     UnmatchedDevice,
     gpu_allocations,
     match_gpus,
 )
-from agent.k8s.podresources.records import (
+from gpuscope.agent.k8s.podresources.records import (
     ContainerDevices,
     Device,
     DeviceSource,
@@ -34,7 +34,7 @@ _CLIENT_NAMES = frozenset(
 
 def __getattr__(name: str) -> Any:
     if name in _CLIENT_NAMES:
-        from agent.k8s.podresources import client
+        from gpuscope.agent.k8s.podresources import client
 
         return getattr(client, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

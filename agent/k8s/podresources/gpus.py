@@ -17,7 +17,7 @@ import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from agent.k8s.podresources.records import Device, PodDevices
+from gpuscope.agent.k8s.podresources.records import Device, PodDevices
 
 DEFAULT_GPU_RESOURCES: tuple[str, ...] = ("nvidia.com/gpu",)
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"  # nvidia.com/mig-1g.10gb, ... (the "mixed" strategy)

@@ -1,0 +1,7 @@
+"""`python -m gpuscope`: the same entry point as the `gpuscope` console script."""
+
+import sys
+
+from gpuscope.agent.cli import main
+
+sys.exit(main())
