@@ -126,27 +126,105 @@ def read(
 
 
 def _read(
-    nvml: Nvml,
-    device: Device,
-    integrals: GpuIntegrals,
-    xid_errors: Mapping[int, int],
+    nvml: Nvml, device: Device, integrals: GpuIntegrals, xid_errors: Mapping[int, int]
 ) -> GpuReading:
+    """One reading from the group readers below, called in the order NVML was always asked
+    in (so a GPU that falls off the bus mid-read still fails at the same call)."""
     h = device.handle
+    mig_mode = _read_mig_mode(nvml, h)
+    util, memory_util = _read_utilization(nvml, h)
+    memory_used, memory_total, memory_reserved = _read_memory(nvml, h)
+    power, power_limit, energy = _read_power(nvml, h, integrals)
+    temp = nvml.query("nvmlDeviceGetTemperature", h, NVML_TEMPERATURE_GPU)
+    clocks, clocks_max = _read_clocks(nvml, h)
+    throttle = _read_throttle(nvml, h)
+    link_gen, link_width = _read_pcie_link(nvml, h)
+    ecc = _read_ecc(nvml, h)
+    remapped, remap_pending, remap_failure = _read_row_remap(nvml, h)
+    batch = _read_fields(nvml, device)
+    pcie_tx, pcie_rx, pcie_replay = _read_pcie_counters(nvml, h, batch, integrals)
+    return GpuReading(
+        identity=device.identity,
+        up=True,
+        mig_mode=mig_mode,
+        utilization_ratio=util,
+        memory_utilization_ratio=memory_util,
+        busy_seconds=integrals.busy_seconds,
+        idle_seconds=integrals.idle_seconds,
+        last_active_timestamp=integrals.last_active_timestamp,
+        memory_used_bytes=memory_used,
+        memory_total_bytes=memory_total,
+        memory_reserved_bytes=memory_reserved,
+        power_watts=power,
+        power_limit_watts=power_limit,
+        energy_joules=energy,
+        temperatures_celsius=_temperatures(temp, batch),
+        clocks_hertz=clocks,
+        clocks_max_hertz=clocks_max,
+        throttle_reasons=throttle,
+        pcie_transmit_bytes=pcie_tx,
+        pcie_receive_bytes=pcie_rx,
+        pcie_replay_errors=pcie_replay,
+        pcie_link_generation=link_gen,
+        pcie_link_width=link_width,
+        nvlink_transmit_bytes=_sum_present(link.transmit_bytes for link in batch.nvlinks),
+        nvlink_receive_bytes=_sum_present(link.receive_bytes for link in batch.nvlinks),
+        nvlinks=batch.nvlinks,
+        ecc_errors=ecc,
+        remapped_rows=remapped,
+        row_remap_pending=remap_pending,
+        row_remap_failure=remap_failure,
+        xid_errors=dict(xid_errors),
+        mig_instances=_read_mig(nvml, h) if mig_mode == "enabled" else (),
+    )
+
+
+def _read_mig_mode(nvml: Nvml, h: Any) -> str | None:
+    """`enabled`/`disabled`, or None on GPUs that cannot do MIG (so labels can tell them apart)."""
+    mig = nvml.query("nvmlDeviceGetMigMode", h)
+    if mig is None:
+        return None
+    return "enabled" if int(mig[0]) == 1 else "disabled"
+
+
+def _read_utilization(nvml: Nvml, h: Any) -> tuple[float | None, float | None]:
+    """GPU and memory-controller busy ratios (0..1) over NVML's last sample period."""
+    util = nvml.query("nvmlDeviceGetUtilizationRates", h)
+    if util is None:
+        return None, None
+    return util.gpu / 100.0, util.memory / 100.0
+
+
+def _read_memory(nvml: Nvml, h: Any) -> tuple[int | None, int | None, int | None]:
+    """Used, total and reserved framebuffer bytes. The v2 struct is asked first because only
+    it reports the driver's reservation; older drivers answer the v1 call alone."""
     q = nvml.query
-
-    mig_mode: str | None = None
-    mig = q("nvmlDeviceGetMigMode", h)
-    if mig is not None:
-        mig_mode = "enabled" if int(mig[0]) == 1 else "disabled"
-
-    util = q("nvmlDeviceGetUtilizationRates", h)
     memory = q("nvmlDeviceGetMemoryInfo", h, NVML_MEMORY_V2) or q("nvmlDeviceGetMemoryInfo", h)
-    reserved = getattr(memory, "reserved", None) if memory is not None else None
+    if memory is None:
+        return None, None, None
+    reserved = getattr(memory, "reserved", None)
+    return int(memory.used), int(memory.total), int(reserved) if reserved is not None else None
+
+
+def _read_power(
+    nvml: Nvml, h: Any, integrals: GpuIntegrals
+) -> tuple[float | None, float | None, float | None]:
+    """Power, enforced limit (W) and energy (J); energy falls back to the sampler's integral
+    on GPUs without the hardware counter, so the counter exists on every GPU."""
+    q = nvml.query
     power = q("nvmlDeviceGetPowerUsage", h)
     power_limit = q("nvmlDeviceGetEnforcedPowerLimit", h)
     energy = q("nvmlDeviceGetTotalEnergyConsumption", h)
-    temp = q("nvmlDeviceGetTemperature", h, NVML_TEMPERATURE_GPU)
+    return (
+        power / 1000.0 if power is not None else None,
+        power_limit / 1000.0 if power_limit is not None else None,
+        energy / 1000.0 if energy is not None else integrals.energy_joules,
+    )
 
+
+def _read_clocks(nvml: Nvml, h: Any) -> tuple[dict[str, float], dict[str, float]]:
+    """Current and maximum clocks in Hz, by clock name; a clock NVML lacks is left out."""
+    q = nvml.query
     clocks: dict[str, float] = {}
     clocks_max: dict[str, float] = {}
     for name, clock_type in CLOCKS:
@@ -156,26 +234,56 @@ def _read(
         peak = q("nvmlDeviceGetMaxClockInfo", h, clock_type)
         if peak is not None:
             clocks_max[name] = peak * MHZ
+    return clocks, clocks_max
 
-    reasons_mask = q("nvmlDeviceGetCurrentClocksEventReasons", h)
-    if reasons_mask is None:
-        reasons_mask = q("nvmlDeviceGetCurrentClocksThrottleReasons", h)
-    throttle = (
-        {name: bool(reasons_mask & bit) for bit, name in THROTTLE_REASONS}
-        if reasons_mask is not None
-        else {}
-    )
 
-    link_gen = _present(
+def _read_throttle(nvml: Nvml, h: Any) -> dict[str, bool]:
+    """Every throttle reason as a bool (see THROTTLE_REASONS), or {} where NVML has no mask.
+
+    Newer drivers call it "clocks event reasons"; older ones only have the throttle name.
+    """
+    q = nvml.query
+    mask = q("nvmlDeviceGetCurrentClocksEventReasons", h)
+    if mask is None:
+        mask = q("nvmlDeviceGetCurrentClocksThrottleReasons", h)
+    if mask is None:
+        return {}
+    return {name: bool(mask & bit) for bit, name in THROTTLE_REASONS}
+
+
+def _read_pcie_link(nvml: Nvml, h: Any) -> tuple[dict[str, int], dict[str, int]]:
+    """PCIe link generation and width, each as {current, max} with absent values left out,
+    so a link trained below its maximum shows up."""
+    q = nvml.query
+    generation = _present(
         current=q("nvmlDeviceGetCurrPcieLinkGeneration", h),
         max=q("nvmlDeviceGetMaxPcieLinkGeneration", h),
     )
-    link_width = _present(
+    width = _present(
         current=q("nvmlDeviceGetCurrPcieLinkWidth", h),
         max=q("nvmlDeviceGetMaxPcieLinkWidth", h),
     )
+    return generation, width
 
-    ecc = _present(
+
+def _read_pcie_counters(
+    nvml: Nvml, h: Any, batch: _FieldBatch, integrals: GpuIntegrals
+) -> tuple[float | None, float | None, Any]:
+    """PCIe bytes transmitted/received and replay errors. The byte counters come from the
+    field batch where the GPU has them, else from the sampler's throughput integrals."""
+    tx: float | None = batch.pcie_tx_bytes
+    rx: float | None = batch.pcie_rx_bytes
+    if tx is None:
+        tx = integrals.pcie_transmit_bytes
+    if rx is None:
+        rx = integrals.pcie_receive_bytes
+    return tx, rx, nvml.query("nvmlDeviceGetPcieReplayCounter", h)
+
+
+def _read_ecc(nvml: Nvml, h: Any) -> dict[str, int]:
+    """Volatile (since driver load) ECC error totals, {corrected, uncorrected}; {} without ECC."""
+    q = nvml.query
+    return _present(
         corrected=q(
             "nvmlDeviceGetTotalEccErrors", h, NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_VOLATILE_ECC
         ),
@@ -183,64 +291,24 @@ def _read(
             "nvmlDeviceGetTotalEccErrors", h, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC
         ),
     )
-    remap = q("nvmlDeviceGetRemappedRows", h)
 
-    batch = _read_fields(nvml, device)
-    nvlinks = batch.nvlinks
-    nvlink_tx = _sum_present(link.transmit_bytes for link in nvlinks)
-    nvlink_rx = _sum_present(link.receive_bytes for link in nvlinks)
 
-    temperatures = {"gpu": float(temp)} if temp is not None else {}
+def _read_row_remap(nvml: Nvml, h: Any) -> tuple[dict[str, int], bool | None, bool | None]:
+    """Remapped rows by kind, and the pending/failure flags that make a GPU unhealthy;
+    ({}, None, None) on GPUs without row remapping."""
+    remap = nvml.query("nvmlDeviceGetRemappedRows", h)
+    if remap is None:
+        return {}, None, None
+    rows = {"correctable": int(remap[0]), "uncorrectable": int(remap[1])}
+    return rows, bool(remap[2]), bool(remap[3])
+
+
+def _temperatures(gpu: Any, batch: _FieldBatch) -> dict[str, float]:
+    """Die temperature from NVML's call, memory (HBM) temperature from the field batch."""
+    temperatures = {"gpu": float(gpu)} if gpu is not None else {}
     if batch.memory_temperature is not None:
         temperatures["memory"] = float(batch.memory_temperature)
-
-    pcie_tx: float | None = batch.pcie_tx_bytes
-    pcie_rx: float | None = batch.pcie_rx_bytes
-    if pcie_tx is None:
-        pcie_tx = integrals.pcie_transmit_bytes
-    if pcie_rx is None:
-        pcie_rx = integrals.pcie_receive_bytes
-
-    energy_joules = energy / 1000.0 if energy is not None else integrals.energy_joules
-
-    return GpuReading(
-        identity=device.identity,
-        up=True,
-        mig_mode=mig_mode,
-        utilization_ratio=util.gpu / 100.0 if util is not None else None,
-        memory_utilization_ratio=util.memory / 100.0 if util is not None else None,
-        busy_seconds=integrals.busy_seconds,
-        idle_seconds=integrals.idle_seconds,
-        last_active_timestamp=integrals.last_active_timestamp,
-        memory_used_bytes=int(memory.used) if memory is not None else None,
-        memory_total_bytes=int(memory.total) if memory is not None else None,
-        memory_reserved_bytes=int(reserved) if reserved is not None else None,
-        power_watts=power / 1000.0 if power is not None else None,
-        power_limit_watts=power_limit / 1000.0 if power_limit is not None else None,
-        energy_joules=energy_joules,
-        temperatures_celsius=temperatures,
-        clocks_hertz=clocks,
-        clocks_max_hertz=clocks_max,
-        throttle_reasons=throttle,
-        pcie_transmit_bytes=pcie_tx,
-        pcie_receive_bytes=pcie_rx,
-        pcie_replay_errors=q("nvmlDeviceGetPcieReplayCounter", h),
-        pcie_link_generation=link_gen,
-        pcie_link_width=link_width,
-        nvlink_transmit_bytes=nvlink_tx,
-        nvlink_receive_bytes=nvlink_rx,
-        nvlinks=nvlinks,
-        ecc_errors=ecc,
-        remapped_rows=(
-            {"correctable": int(remap[0]), "uncorrectable": int(remap[1])}
-            if remap is not None
-            else {}
-        ),
-        row_remap_pending=bool(remap[2]) if remap is not None else None,
-        row_remap_failure=bool(remap[3]) if remap is not None else None,
-        xid_errors=dict(xid_errors),
-        mig_instances=_read_mig(nvml, h) if mig_mode == "enabled" else (),
-    )
+    return temperatures
 
 
 @dataclass(frozen=True, slots=True)
