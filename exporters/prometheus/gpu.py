@@ -3,18 +3,39 @@ else about a GPU is on `gpuscope_gpu_info`, so device series stay stable while p
 
 from __future__ import annotations
 
-from gpuscope.agent.gpu.records import GpuReading, GpuSnapshot
+from collections.abc import Mapping, Sequence
+
+from gpuscope.agent.gpu.records import GpuReading, GpuSnapshot, MigInstance, NvLink
 from gpuscope.exporters.prometheus.families import Families
+
+DeviceLabels = tuple[str, str]  # the (gpu, uuid) labels every device series starts with
 
 
 def render_gpu(snapshot: GpuSnapshot, out: Families) -> None:
+    """Every GPU's samples into `out`; within a family they are emitted in the order added."""
     for reading in snapshot.gpus:
         _render_one(snapshot, reading, out)
 
 
 def _render_one(snapshot: GpuSnapshot, r: GpuReading, out: Families) -> None:
+    """One GPU. A GPU that is down keeps its info, `up` and XID series, so alerts on it
+    still have their labels, and gets nothing else."""
+    dev = (str(r.identity.index), r.identity.uuid)
+    _render_info(snapshot, r, dev, out)
+    out.add("gpuscope_gpu_up", dev, 1 if r.up else 0)
+    for xid, count in sorted(r.xid_errors.items()):
+        out.add("gpuscope_gpu_xid_errors_total", (*dev, str(xid)), count)
+    if not r.up:
+        return
+    _render_scalars(r, dev, out)
+    _render_labelled(r, dev, out)
+    _render_nvlinks(r.nvlinks, dev, out, per_link=snapshot.nvlink_per_link)
+    _render_mig(r.mig_instances, dev, out)
+
+
+def _render_info(snapshot: GpuSnapshot, r: GpuReading, dev: DeviceLabels, out: Families) -> None:
+    """`gpuscope_gpu_info`: everything descriptive about a GPU, kept off the device series."""
     ident = r.identity
-    dev = (str(ident.index), ident.uuid)
     out.add(
         "gpuscope_gpu_info",
         (
@@ -31,12 +52,11 @@ def _render_one(snapshot: GpuSnapshot, r: GpuReading, out: Families) -> None:
         ),
         1,
     )
-    out.add("gpuscope_gpu_up", dev, 1 if r.up else 0)
-    for xid, count in sorted(r.xid_errors.items()):
-        out.add("gpuscope_gpu_xid_errors_total", (*dev, str(xid)), count)
-    if not r.up:
-        return
 
+
+def _render_scalars(r: GpuReading, dev: DeviceLabels, out: Families) -> None:
+    """One sample per family with only the device labels; a value NVML lacked is left out
+    rather than exported as 0."""
     scalars: tuple[tuple[str, float | int | bool | None], ...] = (
         ("gpuscope_gpu_utilization_ratio", r.utilization_ratio),
         ("gpuscope_gpu_memory_utilization_ratio", r.memory_utilization_ratio),
@@ -60,27 +80,39 @@ def _render_one(snapshot: GpuSnapshot, r: GpuReading, out: Families) -> None:
         if value is not None:
             out.add(name, dev, float(value))
 
-    labelled: tuple[tuple[str, dict[str, float] | dict[str, int] | dict[str, bool]], ...] = (
-        ("gpuscope_gpu_temperature_celsius", dict(r.temperatures_celsius)),
-        ("gpuscope_gpu_clock_hertz", dict(r.clocks_hertz)),
-        ("gpuscope_gpu_clock_max_hertz", dict(r.clocks_max_hertz)),
-        ("gpuscope_gpu_throttle_reasons", dict(r.throttle_reasons)),
-        ("gpuscope_gpu_pcie_link_generation", dict(r.pcie_link_generation)),
-        ("gpuscope_gpu_pcie_link_width", dict(r.pcie_link_width)),
-        ("gpuscope_gpu_ecc_errors_total", dict(r.ecc_errors)),
-        ("gpuscope_gpu_remapped_rows_total", dict(r.remapped_rows)),
+
+def _render_labelled(r: GpuReading, dev: DeviceLabels, out: Families) -> None:
+    """Families with one extra label (sensor, clock, reason, current/max, error kind), one
+    sample per key the reading has, in the reading's own key order."""
+    labelled: tuple[tuple[str, Mapping[str, float] | Mapping[str, int] | Mapping[str, bool]], ...]
+    labelled = (
+        ("gpuscope_gpu_temperature_celsius", r.temperatures_celsius),
+        ("gpuscope_gpu_clock_hertz", r.clocks_hertz),
+        ("gpuscope_gpu_clock_max_hertz", r.clocks_max_hertz),
+        ("gpuscope_gpu_throttle_reasons", r.throttle_reasons),
+        ("gpuscope_gpu_pcie_link_generation", r.pcie_link_generation),
+        ("gpuscope_gpu_pcie_link_width", r.pcie_link_width),
+        ("gpuscope_gpu_ecc_errors_total", r.ecc_errors),
+        ("gpuscope_gpu_remapped_rows_total", r.remapped_rows),
     )
     for name, values in labelled:
         for label, value in values.items():
             out.add(name, (*dev, label), float(value))
 
-    for link in r.nvlinks:
+
+def _render_nvlinks(
+    links: Sequence[NvLink], dev: DeviceLabels, out: Families, *, per_link: bool
+) -> None:
+    """Per-link state and errors always; per-link throughput only with `per_link`, because
+    it multiplies the byte series by the link count (18 per H100) and the GPU totals
+    usually suffice."""
+    for link in links:
         link_id = str(link.link)
         if link.up is not None:
             out.add("gpuscope_gpu_nvlink_up", (*dev, link_id), 1 if link.up else 0)
         for kind, count in link.errors.items():
             out.add("gpuscope_gpu_nvlink_errors_total", (*dev, link_id, kind), count)
-        if snapshot.nvlink_per_link:
+        if per_link:
             if link.transmit_bytes is not None:
                 out.add(
                     "gpuscope_gpu_nvlink_link_transmit_bytes_total",
@@ -94,7 +126,11 @@ def _render_one(snapshot: GpuSnapshot, r: GpuReading, out: Families) -> None:
                     link.receive_bytes,
                 )
 
-    for mig in r.mig_instances:
+
+def _render_mig(instances: Sequence[MigInstance], dev: DeviceLabels, out: Families) -> None:
+    """MIG instances: `gpuscope_mig_info` joins a MIG UUID to its GPU, profile and instance
+    ids, so the memory series carry the MIG UUID alone."""
+    for mig in instances:
         out.add(
             "gpuscope_mig_info",
             (*dev, mig.mig_uuid, mig.profile, str(mig.gpu_instance), str(mig.compute_instance)),
