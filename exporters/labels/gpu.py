@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from gpuscope.agent.gpu.records import GpuReading, GpuSnapshot, GpuTopology
 from gpuscope.agent.placement import NetworkPlacement
@@ -68,13 +68,13 @@ def gpu_labels(
     *,
     network: NetworkPlacement | None = None,
 ) -> dict[str, str]:
-    """The label set; `snapshot` None (no NVML) gives `gpu.present=false` alone."""
+    """The label set; `snapshot` None (no NVML) gives `gpu.present=false` alone.
+
+    Each label group is one function below that adds to `labels` in place: no dict per
+    group, and the keys keep the insertion order they had before the split.
+    """
     p = prefix
-    net: dict[str, str] = {}
-    if network is not None:
-        net[f"{p}rdma.present"] = "true" if network.rdma_present else "false"
-        if snapshot is not None and snapshot.gpus:
-            net[f"{p}gpu.nic-affinity"] = network.nic_affinity
+    net = _network_labels(snapshot, p, network)
     if snapshot is None or not snapshot.gpus:
         return {f"{p}gpu.present": "false", **net}
     gpus = snapshot.gpus
@@ -84,6 +84,31 @@ def gpu_labels(
         f"{p}gpu.count": str(len(gpus)),
         f"{p}gpu.healthy": str(sum(1 for g in gpus if healthy(g))),
     }
+    _add_models(labels, p, known)
+    _add_capabilities(labels, p, gpus, known)
+    _add_versions(labels, p, snapshot)
+    _add_mig(labels, p, gpus)
+    _add_links(labels, p, gpus)
+    _add_interconnect(labels, p, snapshot)
+    labels.update(net)
+    return labels
+
+
+def _network_labels(
+    snapshot: GpuSnapshot | None, p: str, network: NetworkPlacement | None
+) -> dict[str, str]:
+    """RDMA presence, and NIC affinity only where there are GPUs for it to describe."""
+    net: dict[str, str] = {}
+    if network is not None:
+        net[f"{p}rdma.present"] = "true" if network.rdma_present else "false"
+        if snapshot is not None and snapshot.gpus:
+            net[f"{p}gpu.nic-affinity"] = network.nic_affinity
+    return net
+
+
+def _add_models(labels: dict[str, str], p: str, known: Sequence[GpuReading]) -> None:
+    """`gpu.product`; on a mixed node `mixed` plus a count per model, so the value does not
+    flap between models from one publication to the next."""
     models = Counter(g.identity.model for g in known)
     if len(models) == 1:
         labels[f"{p}gpu.product"] = label_value(next(iter(models)))
@@ -93,6 +118,12 @@ def gpu_labels(
             name = label_value(model, MAX_LENGTH - len("gpu.model."))
             labels[f"{p}gpu.model.{name}"] = str(count)
 
+
+def _add_capabilities(
+    labels: dict[str, str], p: str, gpus: Sequence[GpuReading], known: Sequence[GpuReading]
+) -> None:
+    """Memory (MiB) and compute capability, each the minimum across GPUs: a pod that
+    selects on them must fit whichever GPU it gets."""
     memories = [g.memory_total_bytes for g in gpus if g.memory_total_bytes]
     if memories:
         labels[f"{p}gpu.memory"] = str(min(memories) // MIB)
@@ -110,40 +141,54 @@ def gpu_labels(
         labels[f"{p}gpu.compute.major"] = str(major)
         labels[f"{p}gpu.compute.minor"] = str(minor)
 
+
+def _add_versions(labels: dict[str, str], p: str, snapshot: GpuSnapshot) -> None:
+    """Driver and CUDA versions as separate major/minor integers, so `Gt`/`Lt` work on them;
+    a version that does not parse is left out."""
     for name, text in (("gpu.driver", snapshot.driver_version),
                        ("cuda.driver", snapshot.cuda_driver_version)):  # fmt: skip
         version = _version(text)
         if version:
             labels[f"{p}{name}.major"], labels[f"{p}{name}.minor"] = version
 
+
+def _add_mig(labels: dict[str, str], p: str, gpus: Sequence[GpuReading]) -> None:
+    """MIG capability (every GPU: a pod may land on any of them) and the mode, `mixed`
+    when the GPUs disagree."""
     modes = [g.mig_mode for g in gpus if g.mig_mode is not None]
-    capable = len(modes) == len(gpus)  # every GPU: a pod may land on any of them
+    capable = len(modes) == len(gpus)
     labels[f"{p}gpu.mig.capable"] = "true" if capable else "false"
     if modes:
         distinct = set(modes)
         labels[f"{p}gpu.mig.mode"] = distinct.pop() if len(distinct) == 1 else "mixed"
 
+
+def _add_links(labels: dict[str, str], p: str, gpus: Sequence[GpuReading]) -> None:
+    """Active NVLinks (the minimum over GPUs that are up) and how many NUMA nodes the GPUs
+    span."""
     links = [sum(1 for link in g.nvlinks if link.up) for g in gpus if g.up]
     labels[f"{p}gpu.nvlink.links"] = str(min(links)) if links else "0"
     numa = {g.identity.numa_node for g in gpus if g.identity.numa_node is not None}
     if numa:
         labels[f"{p}gpu.numa-nodes"] = str(len(numa))
 
+
+def _add_interconnect(labels: dict[str, str], p: str, snapshot: GpuSnapshot) -> None:
+    """How the GPUs are joined (nvswitch, nvlink or pcie), and the NVLink domain and clique
+    only when every GPU's fabric registration completed into one and the same clique."""
     peers = snapshot.topology.nvlink_peers
     kinds = {peer.kind for ps in peers.values() for peer in ps}
     labels[f"{p}gpu.interconnect"] = (
         "nvswitch" if "switch" in kinds else "nvlink" if "gpu" in kinds else "pcie"
     )
     fabrics = list(snapshot.topology.fabric.values())
-    if fabrics and len(fabrics) == len(gpus) and all(f.completed for f in fabrics):
+    if fabrics and len(fabrics) == len(snapshot.gpus) and all(f.completed for f in fabrics):
         domains = {f.cluster_uuid for f in fabrics}
         cliques = {f.clique_id for f in fabrics}
         if len(domains) == 1 and len(cliques) == 1:
             domain = domains.pop()
             labels[f"{p}nvlink.domain"] = label_value(domain)
             labels[f"{p}nvlink.clique"] = label_value(f"{domain}.{cliques.pop()}")
-    labels.update(net)
-    return labels
 
 
 def gpu_pair_relation(topology: GpuTopology, bus_ids: Mapping[int, str], i: int, j: int) -> str:
