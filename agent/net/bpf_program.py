@@ -5,9 +5,9 @@ uapi types (`struct __sk_buff`, `struct bpf_sock`). They never dereference a ker
 struct. Tracepoint argument layouts come from tracefs at load time, so the programs
 compile against any kernel header tree that has the BPF helper definitions: that is what
 lets gpuscope run on hosts with no headers matching their kernel (the image carries a
-generic tree). `tests/test_bpf_headers.py` proves it by compiling and loading these programs
-against two different header trees. Do not add `#include`s of kernel-internal headers or
-`sk->field` reads here.
+generic tree). The test `test_probes_compile_and_load_against_two_header_trees` (in
+test_net_kernel.py) proves it by compiling and loading these programs against two different
+header trees. Do not add `#include`s of kernel-internal headers or `sk->field` reads here.
 
 Everything is aggregated in the kernel, keyed by cgroup id; nothing is streamed per event.
 Maps are bounded; a failed insert is counted in `map_full` (index = MAP_INDEX), never silent.
