@@ -6,28 +6,31 @@ with their own clock; the command line builds one from flags.
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
+from typing import Any
 
 from prometheus_client.registry import CollectorRegistry
 
+from gpuscope.agent.attribution.records import Attributed, Attribution
 from gpuscope.agent.attribution.stage import Attributor
 from gpuscope.agent.clock import Clock, SystemClock
+from gpuscope.agent.collector import BuildContext
 from gpuscope.agent.config import Config
-from gpuscope.agent.gpu.source import GpuConfig, GpuSource
-from gpuscope.agent.net.nic import NicSource
-from gpuscope.agent.net.rdma import RdmaSource
+from gpuscope.agent.registry import BY_NAME
 from gpuscope.agent.sources import (
     Collection,
     Source,
     SourceRunner,
     SourceUnavailable,
     StatelessSource,
+    describe,
 )
 from gpuscope.exporters.prometheus.collector import GpuscopeCollector
 
 log = logging.getLogger("gpuscope")
+
+START_WAIT = 10.0  # seconds a scrape during start-up waits for the sources to be started
 
 
 class MissingDependency(StatelessSource):
@@ -41,70 +44,21 @@ class MissingDependency(StatelessSource):
     def start(self) -> None:
         raise SourceUnavailable(self._message)
 
-    def collect(self) -> object:
+    def collect(self) -> Any:
         raise SourceUnavailable(self._message)
 
 
-def build_sources(config: Config, clock: Clock, *, background: bool = True) -> list[Source[object]]:
-    sources: list[Source[object]] = []
+def build_sources(config: Config, clock: Clock, *, background: bool = True) -> list[Source[Any]]:
+    """The enabled collectors' sources, built from their declarations (agent/registry.py)."""
+    sources: list[Source[Any]] = []
     for name in config.collectors:
+        collector = BY_NAME[name]
+        ctx = BuildContext(config.agent, config.of(collector), clock, background)
         try:
-            sources.append(_build_source(name, config, clock, background=background))
+            sources.append(collector.build(ctx))
         except ImportError as exc:
             sources.append(MissingDependency(name, exc))
     return sources
-
-
-def _build_source(name: str, config: Config, clock: Clock, *, background: bool) -> Source[object]:
-    """One source; those with optional or heavy dependencies import them here."""
-    if name == "gpu":
-        gpu = GpuConfig(
-            sample_interval=config.sample_interval,
-            idle_threshold=config.idle_threshold,
-            nvlink_per_link=config.nvlink_per_link,
-            sysfs=config.sysfs,
-            background=background,
-        )
-        return GpuSource(gpu, clock=clock)
-    if name == "nic":
-        return NicSource(config.sysfs)
-    if name == "rdma":
-        return RdmaSource(config.sysfs)
-    if name == "kubelet":
-        from gpuscope.agent.k8s.kubelet_source import KubeletSource
-
-        return KubeletSource(
-            config.kubelet_socket,
-            interval=config.kubelet_interval,
-            clock=clock,
-            background=background,
-        )
-    if name == "pods":
-        from gpuscope.agent.k8s.client import make_client
-        from gpuscope.agent.k8s.pods_source import PodsSource
-
-        return PodsSource(
-            functools.partial(make_client, config.kubeconfig),
-            config.node_name,
-            order=config.workload_order,
-        )
-    if name == "net":
-        from gpuscope.agent.net.bpf_program import MapLimits
-        from gpuscope.agent.net.source import NetConfig, NetSource
-
-        net = NetConfig(
-            sysfs=config.sysfs,
-            procfs=config.procfs,
-            cgroup_root=config.cgroup_root,
-            per_container=config.net_per_container,
-            prune_grace=config.net_prune_grace,
-            traffic_mode=config.net_traffic_mode,
-            limits=MapLimits(cgroups=config.bpf_max_cgroups, sockets=config.bpf_max_sockets),
-            modules_dir=config.kernel_modules,
-            fallback_headers=config.kernel_headers,
-        )
-        return NetSource(net, clock=clock)
-    raise ValueError(f"unknown collector {name!r}")
 
 
 class Agent:
@@ -113,7 +67,7 @@ class Agent:
         config: Config,
         *,
         clock: Clock | None = None,
-        sources: list[Source[object]] | None = None,
+        sources: list[Source[Any]] | None = None,
         background: bool = True,
     ) -> None:
         self.config = config
@@ -125,27 +79,64 @@ class Agent:
         )
         self.runner = SourceRunner(self.sources, clock=self.clock)
         self.attributor = Attributor(
-            config.procfs, gpu_resource_names=config.gpu_resource_names, clock=self.clock
+            config.agent.procfs,
+            gpu_resource_names=config.attribution.gpu_resource_names,
+            clock=self.clock,
         )
         self.registry = CollectorRegistry(auto_describe=False)
-        self.collector = GpuscopeCollector(self.collect)
+        self.collector = GpuscopeCollector(self.collect, config)
         self.registry.register(self.collector)
+        self._start_lock = threading.Lock()
+        self._started = threading.Event()
         self._ready = threading.Event()
+        self._attribution_error: str | None = None
 
-    def collect(self) -> Collection:
-        """Every source, then attribution: what one scrape renders."""
-        return self.attributor.attribute(self.runner.collect())
+    def collect(self, *, start_wait: float = START_WAIT) -> Attributed:
+        """Every source, then attribution: what one scrape renders.
+
+        A scrape that comes while the sources are still starting (Prometheus scrapes a new
+        pod as soon as it listens) waits up to `start_wait` seconds and then answers with no
+        collector at all, rather than starting or collecting a source a second time.
+        """
+        if not self._started.wait(start_wait):
+            return Attributed(Collection(results={}, collected_at=self.clock.time()), None)
+        return self._collect()
+
+    def _collect(self) -> Attributed:
+        collection = self.runner.collect()
+        return Attributed(collection, self._attribute(collection))
+
+    def _attribute(self, collection: Collection) -> Attribution | None:
+        """The attribution stage, isolated like a source: its failure costs the names and
+        the idle figures of this scrape, never the scrape."""
+        try:
+            attribution = self.attributor.attribute(collection)
+        except Exception as exc:
+            error = describe(exc)
+            if error != self._attribution_error:
+                log.exception("attribution failed: %s", error)
+            self._attribution_error = error
+            return None
+        if self._attribution_error is not None:
+            log.info("attribution recovered")
+        self._attribution_error = None
+        return attribution
 
     @property
     def ready(self) -> bool:
         return self._ready.is_set()
 
-    def start(self) -> Collection:
-        """Start every source and run the first full collection (then /readyz says ready)."""
-        self.runner.start()
-        first = self.collect()
-        self._ready.set()
-        failed = [r.name for r in first.results.values() if not r.success]
+    def start(self) -> Attributed:
+        """Start every source once and run the first full collection (then /readyz says
+        ready). Safe to call again, and from several threads: later calls collect."""
+        with self._start_lock:
+            if self._ready.is_set():
+                return self._collect()
+            self.runner.start()
+            self._started.set()
+            first = self._collect()
+            self._ready.set()
+        failed = [r.name for r in first.collection.results.values() if not r.success]
         log.info(
             "ready: collectors %s%s",
             ", ".join(self.runner.names) or "none",
@@ -153,7 +144,7 @@ class Agent:
         )
         return first
 
-    def source(self, name: str) -> Source[object]:
+    def source(self, name: str) -> Source[Any]:
         for s in self.sources:
             if s.name == name:
                 return s

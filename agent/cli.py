@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from gpuscope.agent import logs
 from gpuscope.agent.app import Agent
 from gpuscope.agent.config import Config, ConfigError, parse
+from gpuscope.agent.gpu.collector import GPU
 from gpuscope.agent.gpu.source import GpuSource
 from gpuscope.agent.labels_loop import LabelsLoop, make_publisher
 from gpuscope.agent.server import MetricsServer
@@ -33,20 +34,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"gpuscope: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    logs.setup(config.log_format, config.log_level)
+    logs.setup(config.agent.log_format, config.agent.log_level)
 
     agent = Agent(config)
+    host, port = config.agent.listen
     # Bind before starting sources: a port conflict is the most common deployment error and
     # should fail fast, not after NVML and BPF have been set up.
     try:
         server = MetricsServer(
-            (config.listen_host, config.listen_port),
+            (host, port),
             agent.registry,
             agent.collector.render_text,
             lambda: agent.ready,
         )
     except OSError as exc:
-        where = f"{config.listen_host or '*'}:{config.listen_port}"
+        where = f"{host or '*'}:{port}"
         reason = "address already in use" if exc.errno == errno.EADDRINUSE else exc.strerror
         print(f"gpuscope: cannot listen on {where}: {reason}", file=sys.stderr)
         return EXIT_RUNTIME
@@ -63,9 +65,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     server.start()
     log.info(
         "serving on http://%s:%d/metrics (node %s)",
-        config.listen_host or "0.0.0.0",
+        host or "0.0.0.0",
         server.port,
-        config.node_name,
+        config.agent.node_name,
     )
     labels = None
     try:
@@ -82,9 +84,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def start_labels(config: Config, agent: Agent) -> LabelsLoop | None:
     publish = make_publisher(config)
-    if publish is None or "gpu" not in config.collectors:
+    if publish is None or GPU.name not in config.collectors:
         return None
-    gpu = agent.source("gpu")
+    gpu = agent.source(GPU.name)
     loop = LabelsLoop(config, agent.runner, gpu if isinstance(gpu, GpuSource) else None, publish)
     loop.start()
     return loop

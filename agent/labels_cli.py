@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from gpuscope.agent import logs
 from gpuscope.agent.config import ConfigError, parse
+from gpuscope.agent.gpu.collector import GPU
 from gpuscope.agent.gpu.records import GpuSnapshot
 from gpuscope.agent.gpu.source import GpuConfig, GpuSource
 from gpuscope.agent.placement import network_placement
@@ -60,15 +61,15 @@ def labels_main(argv: Sequence[str]) -> int:
     if prefix and not prefix.endswith("/"):
         prefix += "/"
     try:
-        config = parse(["--collectors", "gpu", *args])
+        config = parse(["--collectors", GPU.name, *args])
     except ConfigError as exc:
         print(f"gpuscope labels: {exc}", file=sys.stderr)
         return 2
-    logs.setup(config.log_format, "warning")
+    logs.setup(config.agent.log_format, "warning")
     if remove:
-        return remove_from_node(config.node_name, prefix)
+        return remove_from_node(config.agent.node_name, prefix)
 
-    source = GpuSource(GpuConfig(sysfs=config.sysfs, background=False))
+    source = GpuSource(GpuConfig(sysfs=config.agent.sysfs, background=False))
     snapshot: GpuSnapshot | None = None
     try:
         source.start()
@@ -78,7 +79,7 @@ def labels_main(argv: Sequence[str]) -> int:
     finally:
         source.stop()
 
-    placement = network_placement(config.sysfs, snapshot)
+    placement = network_placement(config.agent.sysfs, snapshot)
     labels = gpu_labels(snapshot, prefix, network=placement)
     check(labels)
     annotations = (

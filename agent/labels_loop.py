@@ -11,10 +11,10 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 from gpuscope.agent.config import Config
+from gpuscope.agent.gpu.collector import GPU
 from gpuscope.agent.gpu.records import GpuSnapshot
 from gpuscope.agent.gpu.source import GpuSource
 from gpuscope.agent.placement import network_placement
@@ -33,11 +33,11 @@ Publish = Callable[[Mapping[str, str], Mapping[str, str], GpuSnapshot | None], b
 
 def make_publisher(config: Config) -> Publish | None:
     """The publishing function for --labels-mode; None for `none`."""
-    mode = config.labels_mode
+    mode = config.labels.labels_mode
     if mode == "none":
         return None
     if mode == "file":
-        directory = config.labels_dir
+        directory = config.labels.labels_dir
 
         def to_file(labels: Mapping[str, str], _a: Mapping[str, str], _s: Any) -> bool:
             return write_features_file(directory, labels)
@@ -51,14 +51,15 @@ def make_publisher(config: Config) -> Publish | None:
         if not made:
             from gpuscope.agent.k8s.client import make_client
 
-            client = make_client(config.kubeconfig)
+            client = make_client(config.agent.kubeconfig)
+            node = config.agent.node_name
             if mode == "node":
-                made.append(NodePublisher(client, config.node_name, config.label_prefix))
+                made.append(NodePublisher(client, node, config.labels.label_prefix))
             else:
                 owner = None
                 if os.environ.get("POD_NAME") and os.environ.get("POD_UID"):
                     owner = {"name": os.environ["POD_NAME"], "uid": os.environ["POD_UID"]}
-                made.append(NodeFeaturePublisher(client, config.node_name, config.namespace, owner))
+                made.append(NodeFeaturePublisher(client, node, config.labels.namespace, owner))
         return made[0]
 
     def to_api(labels: Mapping[str, str], annotations: Mapping[str, str], snap: Any) -> bool:
@@ -92,12 +93,10 @@ class LabelsLoop:
             self._thread.join(timeout=10)
 
     def run_once(self) -> None:
-        collection = self._runner.collect(only=("gpu",))  # the labels need nothing else
-        snapshot = collection.records("gpu")
-        snap = snapshot if isinstance(snapshot, GpuSnapshot) else None
-        sysfs: Path = self._config.sysfs
-        placement = network_placement(sysfs, snap)
-        prefix = self._config.label_prefix
+        collection = self._runner.collect(only=(GPU.name,))  # the labels need nothing else
+        snap = collection.records(GPU)
+        placement = network_placement(self._config.agent.sysfs, snap)
+        prefix = self._config.labels.label_prefix
         labels = gpu_labels(snap, prefix, network=placement)
         annotations = (
             {f"{prefix}topology": topology_annotation(snap, placement)}
@@ -117,14 +116,14 @@ class LabelsLoop:
         self._last_error = None
         self.rounds += 1
         if changed:
-            log.info("node labels published (%s)", self._config.labels_mode)
+            log.info("node labels published (%s)", self._config.labels.labels_mode)
 
     def _lost(self) -> frozenset[str]:
         sampler = self._gpu.sampler if self._gpu is not None else None
         return sampler.lost() if sampler is not None else frozenset()
 
     def _run(self) -> None:
-        interval = self._config.labels_interval
+        interval = self._config.labels.labels_interval
         lost = self._lost()
         self.run_once()
         waited = 0.0

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from gpuscope.agent.clock import Clock, SystemClock
 
@@ -84,15 +84,37 @@ class SourceResult(Generic[R]):
 
 @dataclass(frozen=True, slots=True)
 class Collection:
-    """What every enabled source returned on one collection, in a stable order."""
+    """What every enabled source returned on one collection, in a stable order.
 
-    results: Mapping[str, SourceResult[object]]
+    Read it through a collector's declaration, which types the records:
+    `collection.records(GPU)` is a `GpuSnapshot | None`.
+    """
+
+    results: Mapping[str, SourceResult[Any]]
     collected_at: float
-    attribution: object | None = None  # agent.attribution.records.Attribution, once joined
 
-    def records(self, name: str) -> object | None:
-        result = self.results.get(name)
+    def result(self, key: Keyed[R]) -> SourceResult[R] | None:
+        return self.results.get(key.name)
+
+    def records(self, key: Keyed[R]) -> R | None:
+        """The collector's records, if its last collection succeeded."""
+        result = self.results.get(key.name)
+        return result.records if result is not None and result.success else None
+
+    def last_records(self, key: Keyed[R]) -> R | None:
+        """The records even of a failed collection that kept its last ones (`SourceStale`)."""
+        result = self.results.get(key.name)
         return result.records if result is not None else None
+
+
+class Keyed(Protocol[R_co]):
+    """A collector's declaration as a typed key (agent/collector.py `Collector`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def records(self) -> type[R_co]: ...
 
 
 RETRY_FIRST = 10.0  # seconds before retrying a source that failed to start
@@ -107,7 +129,7 @@ class SourceRunner:
     CPU) and the thing it lacks rarely appears within seconds.
     """
 
-    def __init__(self, sources: Iterable[Source[object]], clock: Clock | None = None) -> None:
+    def __init__(self, sources: Iterable[Source[Any]], clock: Clock | None = None) -> None:
         self._sources = list(sources)
         self._clock = clock or SystemClock()
         self._lock = threading.Lock()
@@ -120,11 +142,13 @@ class SourceRunner:
         return [s.name for s in self._sources]
 
     def start(self) -> None:
-        """Start every source; one that fails is retried by later collections, with backoff."""
-        for source in self._sources:
-            self._try_start(source)
+        """Start every source; one that fails is retried by later collections, with backoff.
+        Holds the collection lock: no collection can start a source at the same time."""
+        with self._lock:
+            for source in self._sources:
+                self._try_start(source)
 
-    def _try_start(self, source: Source[object]) -> str | None:
+    def _try_start(self, source: Source[Any]) -> str | None:
         if source.name in self._started:
             return None
         now = self._clock.monotonic()
@@ -134,7 +158,7 @@ class SourceRunner:
         try:
             source.start()
         except Exception as exc:  # noqa: BLE001 - any failure must stay inside the source
-            error = _describe(exc)
+            error = describe(exc)
             delay = min(RETRY_MAX, failed[2] * 2) if failed else RETRY_FIRST
             self._start_failure[source.name] = (error, now + delay, delay)
             return error
@@ -147,23 +171,23 @@ class SourceRunner:
         (NVML is not free)."""
         wanted = None if only is None else set(only)
         with self._lock:
-            results: dict[str, SourceResult[object]] = {}
+            results: dict[str, SourceResult[Any]] = {}
             for source in self._sources:
                 if wanted is None or source.name in wanted:
                     results[source.name] = self._collect_one(source)
             return Collection(results=results, collected_at=time.time())
 
-    def _collect_one(self, source: Source[object]) -> SourceResult[object]:
+    def _collect_one(self, source: Source[Any]) -> SourceResult[Any]:
         began = time.perf_counter()
         error = self._try_start(source)
-        records: object | None = None
+        records: Any = None
         if error is None:
             try:
                 records = source.collect()
             except SourceStale as exc:
-                records, error = exc.records, _describe(exc)
+                records, error = exc.records, describe(exc)
             except Exception as exc:  # noqa: BLE001
-                error = _describe(exc)
+                error = describe(exc)
         duration = time.perf_counter() - began
         self._log_transition(source.name, error)
         return SourceResult(
@@ -190,11 +214,11 @@ class SourceRunner:
             try:
                 source.stop()
             except Exception as exc:  # noqa: BLE001
-                log.warning("collector %s did not stop cleanly: %s", source.name, _describe(exc))
+                log.warning("collector %s did not stop cleanly: %s", source.name, describe(exc))
         self._started.clear()
 
 
-def _describe(exc: BaseException) -> str:
+def describe(exc: BaseException) -> str:
     """One line, no traceback: what the operator needs to read in a log."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     if isinstance(exc, SourceUnavailable):

@@ -1,4 +1,5 @@
-"""Immutable records the attribution stage adds to a collection."""
+"""Immutable records the attribution stage adds to a collection (it never changes the
+sources' records: what it adds travels beside them, in `Attributed`)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gpuscope.agent.k8s.workloads import Workload
+from gpuscope.agent.sources import Collection
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +55,17 @@ class GpuStatus:
     idle_seconds: float | None  # None where NVML reports no utilization (MIG mode)
 
 
+@dataclass(frozen=True, slots=True)
+class PodName:
+    """What the Kubernetes API says of a pod UID, as network series are labelled."""
+
+    namespace: str
+    pod: str
+    workload_kind: str
+    workload: str
+    containers: Mapping[str, str] = field(default_factory=dict)  # runtime id -> name
+
+
 IdleKey = tuple[str, str, str]  # namespace, workload kind, workload
 
 
@@ -63,3 +76,17 @@ class Attribution:
     usage: tuple[PodGpuUsage, ...] = ()
     pods: tuple[PodRef, ...] = ()  # pods that hold a GPU, run GPU processes or have traffic
     idle_seconds_total: Mapping[IdleKey, float] = field(default_factory=dict)
+    # Every pod the Kubernetes API named, by UID (one mapping per pod list, shared by
+    # scrapes): how network records, keyed by pod UID, get their names. Empty until the API
+    # answers; pods it lacks keep only `pod_uid`.
+    pod_names: Mapping[str, PodName] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Attributed:
+    """One collection and what the attribution stage added to it: what a scrape renders.
+    `attribution` is None where the stage itself failed (its failure is counted, and the
+    collectors' series are rendered without names)."""
+
+    collection: Collection
+    attribution: Attribution | None

@@ -12,7 +12,6 @@ import logging
 import threading
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -23,17 +22,19 @@ from gpuscope.agent.attribution.records import (
     GpuHolding,
     GpuStatus,
     PodGpuUsage,
+    PodName,
     PodRef,
 )
 from gpuscope.agent.clock import Clock, SystemClock
+from gpuscope.agent.gpu.collector import GPU
 from gpuscope.agent.gpu.records import GpuReading, GpuSnapshot
+from gpuscope.agent.k8s.collector import KUBELET, PODS
 from gpuscope.agent.k8s.podresources.gpus import DEFAULT_GPU_RESOURCES, match_gpus
 from gpuscope.agent.k8s.podresources.records import KubeletSnapshot
-from gpuscope.agent.k8s.pods import PodMeta
-from gpuscope.agent.k8s.pods_source import PodsSnapshot
+from gpuscope.agent.k8s.records import PodMeta
 from gpuscope.agent.k8s.workloads import Workload
-from gpuscope.agent.net.records import NetSnapshot, PodName
-from gpuscope.agent.sources import Collection, SourceResult
+from gpuscope.agent.net.collector import NET
+from gpuscope.agent.sources import Collection
 
 log = logging.getLogger("gpuscope.attribution")
 
@@ -60,14 +61,15 @@ class Attributor:
         self._net_names: Mapping[str, PodName] = {}
         self._unmatched_logged: set[str] = set()
 
-    def attribute(self, collection: Collection) -> Collection:
+    def attribute(self, collection: Collection) -> Attribution:
+        """What the join adds to `collection`; the sources' records are left as they are."""
         with self._lock:
             return self._attribute(collection)
 
-    def _attribute(self, collection: Collection) -> Collection:
-        gpu = _records(collection, "gpu", GpuSnapshot)
-        kubelet = _records(collection, "kubelet", KubeletSnapshot)
-        pods_now = _records(collection, "pods", PodsSnapshot, stale_ok=True)
+    def _attribute(self, collection: Collection) -> Attribution:
+        gpu = collection.records(GPU)
+        kubelet = collection.records(KUBELET)
+        pods_now = collection.last_records(PODS)  # names survive an API outage
         if pods_now is not None and pods_now.pods is not self._pods:
             self._pods = pods_now.pods
             self._by_name = {(m.namespace, m.name): m for m in self._pods.values()}
@@ -87,13 +89,7 @@ class Attributor:
         else:
             self._idle.forget_baselines()
 
-        results = dict(collection.results)
-        net_result = results.get("net")
-        net = _records(collection, "net", NetSnapshot)
-        if net is not None and net_result is not None:
-            net = replace(net, names=self._net_names)
-            results["net"] = replace(net_result, records=net)
-
+        net = collection.records(NET)
         pod_uids = {u.pod.uid for u in usage}
         if net is not None:
             pod_uids.update(p.pod_uid for p in net.pods)
@@ -102,15 +98,13 @@ class Attributor:
             if meta is not None:
                 pod_uids.add(meta.uid)
         pods = tuple(_ref(by_uid[uid]) for uid in sorted(pod_uids) if uid and uid in by_uid)
-        attribution = Attribution(
+        return Attribution(
             holdings=holdings or (),
             gpus=statuses,
             usage=usage,
             pods=pods,
             idle_seconds_total=self._idle.totals() if holdings is not None else {},
-        )
-        return Collection(
-            results=results, collected_at=collection.collected_at, attribution=attribution
+            pod_names=self._net_names,
         )
 
     def _holdings(
@@ -215,20 +209,7 @@ class Attributor:
         )
 
 
-T = TypeVar("T")
 N = TypeVar("N", int, float)
-
-
-def _records(
-    collection: Collection, name: str, kind: type[T], *, stale_ok: bool = False
-) -> T | None:
-    """A source's records; a failed source's only when it kept its last ones (`stale_ok`)."""
-    result: SourceResult[object] | None = collection.results.get(name)
-    if result is None or not isinstance(result.records, kind):
-        return None
-    if not result.success and not stale_ok:
-        return None
-    return result.records
 
 
 def _add(total: N | None, value: N | None) -> N | None:

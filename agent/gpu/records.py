@@ -136,5 +136,4 @@ class GpuSnapshot:
     cuda_driver_version: str
     nvml_version: str
     gpus: tuple[GpuReading, ...]
-    nvlink_per_link: bool = False
     topology: GpuTopology = field(default_factory=GpuTopology)

@@ -33,7 +33,6 @@ log = logging.getLogger("gpuscope.gpu")
 class GpuConfig:
     sample_interval: float = 1.0
     idle_threshold: float = 0.0
-    nvlink_per_link: bool = False
     sysfs: Path = Path("/sys")
     background: bool = True  # False: tests drive `sampler.tick()` themselves
 
@@ -134,7 +133,6 @@ class GpuSource:
             cuda_driver_version=self.cuda_driver_version,
             nvml_version=self.nvml_version,
             gpus=tuple(readings),
-            nvlink_per_link=self.config.nvlink_per_link,
             topology=self.topology,
         )
 

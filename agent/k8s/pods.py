@@ -12,24 +12,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from gpuscope.agent.k8s.workloads import DEFAULT_ORDER, Workload, resolve
+from gpuscope.agent.k8s.records import PodMeta
+from gpuscope.agent.k8s.workloads import DEFAULT_ORDER, resolve
 
 log = logging.getLogger("gpuscope.k8s.pods")
-
-
-@dataclass(frozen=True, slots=True)
-class PodMeta:
-    uid: str
-    namespace: str
-    name: str
-    workload: Workload
-    # Container runtime id (the hex id in the container's cgroup name) -> container name:
-    # what turns a GPU process's cgroup into the container a user named.
-    containers: Mapping[str, str] = field(default_factory=dict)
 
 
 def pod_meta(obj: Mapping[str, Any], order: Sequence[str] = DEFAULT_ORDER) -> PodMeta:

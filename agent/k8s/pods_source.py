@@ -7,18 +7,13 @@ unreachable the watcher keeps the last pods it knew and this source reports fail
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from gpuscope.agent.k8s.pods import PodMeta, PodWatcher
+from gpuscope.agent.k8s.pods import PodWatcher
+from gpuscope.agent.k8s.records import PodsSnapshot
 from gpuscope.agent.k8s.workloads import DEFAULT_ORDER
 from gpuscope.agent.sources import SourceStale, SourceUnavailable
-
-
-@dataclass(frozen=True, slots=True)
-class PodsSnapshot:
-    pods: Mapping[str, PodMeta]  # by pod UID
 
 
 class PodsSource:

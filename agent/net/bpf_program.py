@@ -17,12 +17,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpuscope.agent.net.records import DIRECTIONS, PROTOCOLS, RTT_SLOTS
+
 # Order of the map_full array slots; user space names them in gpuscope_bpf_map_full_total.
 MAP_INDEX = ("traffic", "sockets", "tcp", "rtt")
-
-PROTOCOLS = ("tcp", "udp")  # traffic_key.proto
-DIRECTIONS = ("transmit", "receive")  # traffic_key.dir
-RTT_SLOTS = 27  # log2 slots of srtt in microseconds: slot s holds [2^(s-1), 2^s) µs
 
 
 @dataclass(frozen=True, slots=True)

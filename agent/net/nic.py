@@ -16,41 +16,14 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
+from gpuscope.agent.net.records import NicReading, NicSnapshot
 from gpuscope.agent.sources import SourceUnavailable, StatelessSource
 
 MEGABIT = 125_000  # bytes per second in one Mb/s, the unit of `speed`
 SPEED_UNKNOWN = 0xFFFFFFFF  # SPEED_UNKNOWN read back through an unsigned format
 PCI_ADDRESS = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
-
-
-@dataclass(frozen=True, slots=True)
-class NicReading:
-    """One physical netdev at one collection. `None`: the file was absent or unreadable."""
-
-    device: str
-    driver: str  # "" when no driver is bound
-    pci_bus_id: str  # "" when the parent is not a PCI function (virtio, platform)
-    numa_node: int | None
-    rdma: bool
-    operstate: str | None = None
-    speed_bytes_per_second: int | None = None  # None on a down link
-    mtu_bytes: int | None = None
-    transmit_bytes: int | None = None
-    receive_bytes: int | None = None
-    transmit_packets: int | None = None
-    receive_packets: int | None = None
-    transmit_errors: int | None = None
-    receive_errors: int | None = None
-    transmit_dropped: int | None = None
-    receive_dropped: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class NicSnapshot:
-    nics: tuple[NicReading, ...]
 
 
 class NicSource(StatelessSource):

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from gpuscope.agent.net.nic import list_dir, read_int, read_text
+from gpuscope.agent.net.records import RdmaDevice, RdmaPort, RdmaSnapshot
 from gpuscope.agent.sources import SourceUnavailable, StatelessSource
 
 Kind = Literal["error", "congestion"]
@@ -120,43 +120,6 @@ HW_COUNTERS: Mapping[str, tuple[str, Kind]] = {
 _RATE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([GMK]?)b/sec", re.IGNORECASE)
 _RATE_UNIT = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9}
 _STATE = re.compile(r"^\s*([0-9]+)\s*:\s*(\S*)")
-
-
-@dataclass(frozen=True, slots=True)
-class RdmaPort:
-    """One port of an RDMA device at one collection. `None`: absent or unreadable."""
-
-    port: int
-    link_layer: str = ""  # "InfiniBand" or "Ethernet" (RoCE)
-    netdev: str = ""  # the netdev this port carries traffic for; "" for none (IB, no IPoIB)
-    state: int | None = None  # PORT_STATES
-    state_name: str = ""
-    physical_state: int | None = None  # 5 = LinkUp
-    physical_state_name: str = ""
-    rate_bytes_per_second: int | None = None  # None unless the physical link is up
-    transmit_bytes: int | None = None
-    receive_bytes: int | None = None
-    transmit_packets: int | None = None
-    receive_packets: int | None = None
-    errors: Mapping[str, int] = field(default_factory=dict)  # allow-listed, normalized
-    congestion: Mapping[str, int] = field(default_factory=dict)  # allow-listed, normalized
-    counters: Mapping[str, int] = field(default_factory=dict)  # every `counters/*`, raw
-    hw_counters: Mapping[str, int] = field(default_factory=dict)  # every `hw_counters/*`, raw
-
-
-@dataclass(frozen=True, slots=True)
-class RdmaDevice:
-    name: str  # mlx5_0, irdma0
-    node_guid: str = ""
-    fw_version: str = ""
-    hca_type: str = ""  # MT4129 (ConnectX-7); "" where the driver has none (irdma)
-    board_id: str = ""
-    ports: tuple[RdmaPort, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class RdmaSnapshot:
-    devices: tuple[RdmaDevice, ...]
 
 
 class RdmaSource(StatelessSource):

@@ -1,9 +1,14 @@
-"""Immutable records of the network source (eBPF, per pod)."""
+"""Immutable records of the network collectors: per-pod traffic (eBPF), NICs and RDMA
+devices (sysfs), and the constants the probes and the exporters share."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+PROTOCOLS = ("tcp", "udp")  # traffic_key.proto
+DIRECTIONS = ("transmit", "receive")  # traffic_key.dir
+RTT_SLOTS = 27  # log2 slots of srtt in microseconds: slot s holds [2^(s-1), 2^s) µs
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,23 +39,73 @@ class PodNetwork:
 
 
 @dataclass(frozen=True, slots=True)
-class PodName:
-    """What the Kubernetes API says of a pod UID; the attribution stage fills these in."""
-
-    namespace: str
-    pod: str
-    workload_kind: str
-    workload: str
-    containers: Mapping[str, str] = field(default_factory=dict)  # runtime id -> name
-
-
-@dataclass(frozen=True, slots=True)
 class NetSnapshot:
     pods: tuple[PodNetwork, ...]
     probes: Mapping[str, str]  # probe -> mode (tracepoint, cgroup_skb, absent)
     map_full: Mapping[str, int]  # failed inserts per map since load
     map_entries: Mapping[str, int]
     map_max_entries: Mapping[str, int]
-    # By pod UID, from the attribution stage (one mapping per pod list, shared by scrapes);
-    # empty until the Kubernetes API has named the pods. Pods it lacks keep only `pod_uid`.
-    names: Mapping[str, PodName] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class NicReading:
+    """One physical netdev at one collection. `None`: the file was absent or unreadable."""
+
+    device: str
+    driver: str  # "" when no driver is bound
+    pci_bus_id: str  # "" when the parent is not a PCI function (virtio, platform)
+    numa_node: int | None
+    rdma: bool
+    operstate: str | None = None
+    speed_bytes_per_second: int | None = None  # None on a down link
+    mtu_bytes: int | None = None
+    transmit_bytes: int | None = None
+    receive_bytes: int | None = None
+    transmit_packets: int | None = None
+    receive_packets: int | None = None
+    transmit_errors: int | None = None
+    receive_errors: int | None = None
+    transmit_dropped: int | None = None
+    receive_dropped: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NicSnapshot:
+    nics: tuple[NicReading, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RdmaPort:
+    """One port of an RDMA device at one collection. `None`: absent or unreadable."""
+
+    port: int
+    link_layer: str = ""  # "InfiniBand" or "Ethernet" (RoCE)
+    netdev: str = ""  # the netdev this port carries traffic for; "" for none (IB, no IPoIB)
+    state: int | None = None  # PORT_STATES
+    state_name: str = ""
+    physical_state: int | None = None  # 5 = LinkUp
+    physical_state_name: str = ""
+    rate_bytes_per_second: int | None = None  # None unless the physical link is up
+    transmit_bytes: int | None = None
+    receive_bytes: int | None = None
+    transmit_packets: int | None = None
+    receive_packets: int | None = None
+    errors: Mapping[str, int] = field(default_factory=dict)  # allow-listed, normalized
+    congestion: Mapping[str, int] = field(default_factory=dict)  # allow-listed, normalized
+    counters: Mapping[str, int] = field(default_factory=dict)  # every `counters/*`, raw
+    hw_counters: Mapping[str, int] = field(default_factory=dict)  # every `hw_counters/*`, raw
+
+
+@dataclass(frozen=True, slots=True)
+class RdmaDevice:
+    name: str  # mlx5_0, irdma0
+    node_guid: str = ""
+    fw_version: str = ""
+    hca_type: str = ""  # MT4129 (ConnectX-7); "" where the driver has none (irdma)
+    board_id: str = ""
+    ports: tuple[RdmaPort, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RdmaSnapshot:
+    devices: tuple[RdmaDevice, ...]

@@ -18,9 +18,15 @@ from pathlib import Path
 
 from gpuscope.agent.clock import Clock, SystemClock
 from gpuscope.agent.k8s.cgroups import CgroupResolver, detect_cgroup_v2_root
-from gpuscope.agent.net.bpf_program import DIRECTIONS, PROTOCOLS, RTT_SLOTS, MapLimits
+from gpuscope.agent.net.bpf_program import MapLimits
 from gpuscope.agent.net.ebpf import BpfProbes, RawCounters, check_host, import_bcc, plan_probes
-from gpuscope.agent.net.records import NetSnapshot, PodNetwork
+from gpuscope.agent.net.records import (
+    DIRECTIONS,
+    PROTOCOLS,
+    RTT_SLOTS,
+    NetSnapshot,
+    PodNetwork,
+)
 from gpuscope.agent.sources import SourceUnavailable
 
 log = logging.getLogger("gpuscope.net")

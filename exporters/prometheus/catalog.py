@@ -2,16 +2,17 @@
 
 The exporter refuses to emit a metric that is not declared here or with labels other than
 those declared, and `docs/metrics.md` is generated from this table (a test fails when the
-two drift), so the documentation cannot lie about the output. Each collector declares its
-metrics in its own `catalog_<collector>.py`; this module assembles them in export order.
+two drift), so the documentation cannot lie about the output. Each collector's renderer
+declares its metrics (usually from its `catalog_<collector>.py`); this module assembles them
+in export order: the agent's own, every collector's in registry order, then the
+attribution stage's.
 """
 
 from __future__ import annotations
 
-from gpuscope.exporters.prometheus.catalog_gpu import GPU_METRICS
-from gpuscope.exporters.prometheus.catalog_net import NET_METRICS
-from gpuscope.exporters.prometheus.catalog_nic import NIC_METRICS, RDMA_METRICS
+from gpuscope.agent.registry import COLLECTORS
 from gpuscope.exporters.prometheus.catalog_pods import ATTRIBUTION_METRICS
+from gpuscope.exporters.prometheus.render import renderer_of
 from gpuscope.exporters.prometheus.spec import MetricSpec
 
 __all__ = ["BY_NAME", "METRICS", "ORDER", "MetricSpec"]
@@ -46,11 +47,8 @@ AGENT_METRICS: tuple[MetricSpec, ...] = (
 
 METRICS: tuple[MetricSpec, ...] = (
     *AGENT_METRICS,
-    *GPU_METRICS,
+    *(m for c in COLLECTORS if (r := renderer_of(c)) is not None for m in r.metrics),
     *ATTRIBUTION_METRICS,
-    *NET_METRICS,
-    *NIC_METRICS,
-    *RDMA_METRICS,
 )
 
 BY_NAME: dict[str, MetricSpec] = {m.name: m for m in METRICS}

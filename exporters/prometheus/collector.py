@@ -17,35 +17,28 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 import gpuscope
-from gpuscope.agent.attribution.records import Attribution
-from gpuscope.agent.gpu.records import GpuSnapshot
-from gpuscope.agent.sources import Collection
+from gpuscope.agent.attribution.records import Attributed
+from gpuscope.agent.config import Config
+from gpuscope.agent.gpu.collector import GPU
+from gpuscope.agent.registry import BY_NAME
 from gpuscope.exporters.prometheus.attribution import render_attribution
 from gpuscope.exporters.prometheus.families import Families
-from gpuscope.exporters.prometheus.gpu import render_gpu
-from gpuscope.exporters.prometheus.net import render_net
-from gpuscope.exporters.prometheus.net_devices import render_nic, render_rdma
+from gpuscope.exporters.prometheus.render import RenderContext, Renderer, renderer_of
 
 log = logging.getLogger("gpuscope.exporter")
-
-Renderer = Callable[[Any, Families], None]
-
-RENDERERS: Mapping[str, Renderer] = {
-    "gpu": render_gpu,
-    "net": render_net,
-    "nic": render_nic,
-    "rdma": render_rdma,
-}
 
 
 class GpuscopeCollector(Collector):
     def __init__(
         self,
-        collect: Callable[[], Collection],
-        renderers: Mapping[str, Renderer] = RENDERERS,
+        collect: Callable[[], Attributed],
+        config: Config,
+        renderers: Mapping[str, Renderer[Any, Any]] | None = None,
     ) -> None:
+        """`renderers` by collector name replaces the registry's (tests use it)."""
         self._collect = collect
-        self._renderers = renderers
+        self._config = config
+        self._renderers = dict(renderers) if renderers is not None else _registered(config)
         self._render_failed: set[str] = set()
 
     def describe(self) -> list[Metric]:
@@ -59,23 +52,38 @@ class GpuscopeCollector(Collector):
         return self.families().render_text()
 
     def families(self) -> Families:
-        collection = self._collect()
+        scraped = self._collect()
+        collection, attribution = scraped.collection, scraped.attribution
         out = Families()
-        out.add("gpuscope_build_info", _build_labels(collection), 1)
+        out.add("gpuscope_build_info", _build_labels(scraped), 1)
         for name, result in collection.results.items():
             ok = result.success
-            if ok and result.records is not None and name in self._renderers:
-                ok = self._render(name, result.records, out, self._renderers[name])
+            renderer = self._renderers.get(name)
+            if ok and result.records is not None and renderer is not None:
+                ctx = RenderContext(self._config.collector_options.get(name), attribution)
+                ok = self._render_collector(name, renderer, result.records, ctx, out)
             out.add("gpuscope_collector_success", (name,), 1 if ok else 0)
             out.add("gpuscope_collector_duration_seconds", (name,), result.duration_seconds)
-        if isinstance(collection.attribution, Attribution):
-            self._render("attribution", collection.attribution, out, render_attribution)
+        if attribution is not None:
+            self._render("attribution", out, lambda batch: render_attribution(attribution, batch))
         return out
 
-    def _render(self, name: str, records: object, out: Families, renderer: Renderer) -> bool:
+    def _render_collector(
+        self,
+        name: str,
+        renderer: Renderer[Any, Any],
+        records: Any,
+        ctx: RenderContext[Any],
+        out: Families,
+    ) -> bool:
+        return self._render(name, out, lambda batch: renderer.render(records, batch, ctx))
+
+    def _render(self, name: str, out: Families, render: Callable[[Families], None]) -> bool:
+        """Render into a batch of its own, merged only if rendering succeeded: one broken
+        renderer marks its collector failed and leaves the rest of the scrape intact."""
         batch = Families()
         try:
-            renderer(records, batch)
+            render(batch)
         except Exception:
             if name not in self._render_failed:
                 log.exception("rendering collector %s failed", name)
@@ -86,8 +94,18 @@ class GpuscopeCollector(Collector):
         return True
 
 
-def _build_labels(collection: Collection) -> tuple[str, str, str, str]:
-    gpu = collection.records("gpu")
-    nvml_version = gpu.nvml_version if isinstance(gpu, GpuSnapshot) else ""
-    driver_version = gpu.driver_version if isinstance(gpu, GpuSnapshot) else ""
+def _registered(config: Config) -> dict[str, Renderer[Any, Any]]:
+    """The renderers of the enabled collectors that have one."""
+    found = {}
+    for name in config.collectors:
+        renderer = renderer_of(BY_NAME[name])
+        if renderer is not None:
+            found[name] = renderer
+    return found
+
+
+def _build_labels(scraped: Attributed) -> tuple[str, str, str, str]:
+    gpu = scraped.collection.records(GPU)
+    nvml_version = gpu.nvml_version if gpu is not None else ""
+    driver_version = gpu.driver_version if gpu is not None else ""
     return (gpuscope.__version__, platform.python_version(), nvml_version, driver_version)

@@ -10,7 +10,7 @@ The OpenMetrics format is still produced by prometheus_client from `metrics()`.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from functools import cache
 
 from prometheus_client.core import (
@@ -20,7 +20,7 @@ from prometheus_client.core import (
     Metric,
 )
 
-from gpuscope.exporters.prometheus.catalog import BY_NAME, ORDER, MetricSpec
+from gpuscope.exporters.prometheus.spec import MetricSpec
 
 Sample = tuple[tuple[str, ...], float]
 # A histogram sample: cumulative (le, count) pairs ending with +Inf, the sum, the count.
@@ -33,14 +33,13 @@ class Families:
     def __init__(self) -> None:
         self._samples: dict[str, list[Sample]] = {}
         self._histograms: dict[str, list[HistogramSample]] = {}
+        self._by_name, self._order = _catalog()
 
     def add(self, name: str, labels: Sequence[str], value: float) -> None:
+        spec = self._by_name[name]  # KeyError: the metric is not in the catalog
         samples = self._samples.get(name)
         if samples is None:
-            spec = BY_NAME[name]  # KeyError: the metric is not in the catalog
             samples = self._samples[name] = []
-        else:
-            spec = BY_NAME[name]
         if len(labels) != len(spec.labels):
             raise ValueError(f"{name}: expected labels {spec.labels}, got {len(labels)} values")
         samples.append((tuple(labels), value))
@@ -53,7 +52,7 @@ class Families:
         sum_value: float,
     ) -> None:
         """`buckets`: cumulative counts by upper bound, the last one +Inf (the count)."""
-        spec = BY_NAME[name]
+        spec = self._by_name[name]
         if spec.kind != "histogram" or len(labels) != len(spec.labels):
             raise ValueError(f"{name}: not a histogram with labels {spec.labels}")
         if not buckets or not math.isinf(buckets[-1][0]):
@@ -67,12 +66,12 @@ class Families:
             self._histograms.setdefault(name, []).extend(hists)
 
     def _ordered(self) -> list[str]:
-        return sorted({*self._samples, *self._histograms}, key=ORDER.__getitem__)
+        return sorted({*self._samples, *self._histograms}, key=self._order.__getitem__)
 
     def metrics(self) -> Iterator[Metric]:
         """prometheus_client metric families, for the registry (and OpenMetrics)."""
         for name in self._ordered():
-            spec = BY_NAME[name]
+            spec = self._by_name[name]
             family = _new_family(spec)
             if spec.kind == "histogram":
                 for labels, buckets, total in self._histograms[name]:
@@ -130,9 +129,18 @@ def _new_family(spec: MetricSpec) -> Metric:
 
 
 @cache
+def _catalog() -> tuple[Mapping[str, MetricSpec], Mapping[str, int]]:
+    """The catalog, imported on first use: it is assembled from the collectors' renderers,
+    which import this module."""
+    from gpuscope.exporters.prometheus import catalog
+
+    return catalog.BY_NAME, catalog.ORDER
+
+
+@cache
 def _layout(name: str) -> tuple[str, tuple[tuple[str, int], ...]]:
     """HELP/TYPE lines and the label order (sorted by name, as generate_latest sorts them)."""
-    spec = BY_NAME[name]
+    spec = _catalog()[0][name]
     doc = spec.help.replace("\\", r"\\").replace("\n", r"\n")
     header = f"# HELP {name} {doc}\n# TYPE {name} {spec.kind}\n"
     order = tuple(sorted((key, i) for i, key in enumerate(spec.labels)))

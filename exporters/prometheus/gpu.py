@@ -5,19 +5,25 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from gpuscope.agent.gpu.collector import GPU, GpuOptions
 from gpuscope.agent.gpu.records import GpuReading, GpuSnapshot, MigInstance, NvLink
+from gpuscope.exporters.prometheus.catalog_gpu import GPU_METRICS
 from gpuscope.exporters.prometheus.families import Families
+from gpuscope.exporters.prometheus.render import RenderContext, Renderer
 
 DeviceLabels = tuple[str, str]  # the (gpu, uuid) labels every device series starts with
 
 
-def render_gpu(snapshot: GpuSnapshot, out: Families) -> None:
+def render_gpu(
+    snapshot: GpuSnapshot, out: Families, ctx: RenderContext[GpuOptions] | None = None
+) -> None:
     """Every GPU's samples into `out`; within a family they are emitted in the order added."""
+    per_link = ctx.options.nvlink_per_link if ctx is not None else False
     for reading in snapshot.gpus:
-        _render_one(snapshot, reading, out)
+        _render_one(snapshot, reading, out, per_link=per_link)
 
 
-def _render_one(snapshot: GpuSnapshot, r: GpuReading, out: Families) -> None:
+def _render_one(snapshot: GpuSnapshot, r: GpuReading, out: Families, *, per_link: bool) -> None:
     """One GPU. A GPU that is down keeps its info, `up` and XID series, so alerts on it
     still have their labels, and gets nothing else."""
     dev = (str(r.identity.index), r.identity.uuid)
@@ -29,7 +35,7 @@ def _render_one(snapshot: GpuSnapshot, r: GpuReading, out: Families) -> None:
         return
     _render_scalars(r, dev, out)
     _render_labelled(r, dev, out)
-    _render_nvlinks(r.nvlinks, dev, out, per_link=snapshot.nvlink_per_link)
+    _render_nvlinks(r.nvlinks, dev, out, per_link=per_link)
     _render_mig(r.mig_instances, dev, out)
 
 
@@ -140,3 +146,6 @@ def _render_mig(instances: Sequence[MigInstance], dev: DeviceLabels, out: Famili
             out.add("gpuscope_mig_memory_used_bytes", (mig.mig_uuid,), mig.memory_used_bytes)
         if mig.memory_total_bytes is not None:
             out.add("gpuscope_mig_memory_total_bytes", (mig.mig_uuid,), mig.memory_total_bytes)
+
+
+RENDERER: Renderer[GpuSnapshot, GpuOptions] = Renderer(GPU, GPU_METRICS, render_gpu)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from gpuscope.agent.net.bpf_program import RTT_SLOTS
-from gpuscope.agent.net.records import NetSnapshot, PodName, PodNetwork
+from gpuscope.agent.attribution.records import PodName
+from gpuscope.agent.net.collector import NET, NetOptions
+from gpuscope.agent.net.records import RTT_SLOTS, NetSnapshot, PodNetwork
+from gpuscope.exporters.prometheus.catalog_net import NET_METRICS
 from gpuscope.exporters.prometheus.families import Families
+from gpuscope.exporters.prometheus.render import RenderContext, Renderer
 
 # Histogram buckets: slot s of the kernel histogram holds srtt in [2^(s-1), 2^s) µs, so its
 # upper bound is 2^s µs. Slots below the first bound fold into it; above the last, +Inf.
@@ -12,7 +15,13 @@ FIRST_SLOT, LAST_SLOT = 4, 23
 BOUNDS = tuple((s, 2.0**s / 1e6) for s in range(FIRST_SLOT, LAST_SLOT + 1))
 
 
-def render_net(snapshot: NetSnapshot, out: Families) -> None:
+def render_net(
+    snapshot: NetSnapshot, out: Families, ctx: RenderContext[NetOptions] | None = None
+) -> None:
+    """Per-pod series are named from the attribution stage's pod names, by pod UID; without
+    them (no Kubernetes API, or the stage failed) they carry `pod_uid` alone."""
+    attribution = ctx.attribution if ctx is not None else None
+    names = attribution.pod_names if attribution is not None else {}
     for probe, mode in sorted(snapshot.probes.items()):
         out.add("gpuscope_bpf_probe_info", (probe, mode), 1)
     for name, count in sorted(snapshot.map_full.items()):
@@ -22,7 +31,7 @@ def render_net(snapshot: NetSnapshot, out: Families) -> None:
     for name, count in sorted(snapshot.map_max_entries.items()):
         out.add("gpuscope_bpf_map_max_entries", (name,), count)
     for pod in snapshot.pods:
-        _render_pod(pod, snapshot.names.get(pod.pod_uid) if pod.pod_uid else None, out)
+        _render_pod(pod, names.get(pod.pod_uid) if pod.pod_uid else None, out)
 
 
 def _render_pod(pod: PodNetwork, known: PodName | None, out: Families) -> None:
@@ -68,3 +77,6 @@ def _render_pod(pod: PodNetwork, known: PodName | None, out: Families) -> None:
             buckets.append((bound, cumulative))
         buckets.append((float("inf"), sum(pod.rtt_slots)))
         out.add_histogram("gpuscope_pod_tcp_rtt_seconds", who, buckets, pod.rtt_sum_seconds)
+
+
+RENDERER: Renderer[NetSnapshot, NetOptions] = Renderer(NET, NET_METRICS, render_net)

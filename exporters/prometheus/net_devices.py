@@ -3,12 +3,23 @@ only; what describes a device is on its `_info` series, so device series stay st
 
 from __future__ import annotations
 
-from gpuscope.agent.net.nic import NicReading, NicSnapshot
-from gpuscope.agent.net.rdma import RdmaDevice, RdmaPort, RdmaSnapshot
+from gpuscope.agent.net.collector import NIC, RDMA
+from gpuscope.agent.net.records import (
+    NicReading,
+    NicSnapshot,
+    RdmaDevice,
+    RdmaPort,
+    RdmaSnapshot,
+)
+from gpuscope.agent.options import NoOptions
+from gpuscope.exporters.prometheus.catalog_nic import NIC_METRICS, RDMA_METRICS
 from gpuscope.exporters.prometheus.families import Families
+from gpuscope.exporters.prometheus.render import RenderContext, Renderer
 
 
-def render_nic(snapshot: NicSnapshot, out: Families) -> None:
+def render_nic(
+    snapshot: NicSnapshot, out: Families, _ctx: RenderContext[NoOptions] | None = None
+) -> None:
     for nic in snapshot.nics:
         _render_nic(nic, out)
 
@@ -45,7 +56,9 @@ def _render_nic(n: NicReading, out: Families) -> None:
         out.add("gpuscope_nic_up", dev, 1 if n.operstate == "up" else 0)
 
 
-def render_rdma(snapshot: RdmaSnapshot, out: Families) -> None:
+def render_rdma(
+    snapshot: RdmaSnapshot, out: Families, _ctx: RenderContext[NoOptions] | None = None
+) -> None:
     for device in snapshot.devices:
         for port in device.ports:
             _render_port(device, port, out)
@@ -73,3 +86,7 @@ def _render_port(d: RdmaDevice, p: RdmaPort, out: Families) -> None:
         out.add("gpuscope_rdma_port_errors_total", (*key, counter), value)
     for counter, value in p.congestion.items():
         out.add("gpuscope_rdma_port_congestion_total", (*key, counter), value)
+
+
+NIC_RENDERER: Renderer[NicSnapshot, NoOptions] = Renderer(NIC, NIC_METRICS, render_nic)
+RDMA_RENDERER: Renderer[RdmaSnapshot, NoOptions] = Renderer(RDMA, RDMA_METRICS, render_rdma)

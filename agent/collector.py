@@ -1,0 +1,50 @@
+"""How a collector declares itself: one `Collector` value beside its code, listed once in
+`agent/registry.py`. Everything else (flags, `Config`, the sources the agent builds, the
+renderers and metrics the exporter uses, docs/metrics.md, the README's flag table) is
+derived from these declarations.
+
+A declaration module must stay cheap to import: the parser and `--help` import all of them.
+Heavy dependencies (bcc, gRPC, lightkube) are imported inside `build`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from gpuscope.agent.clock import Clock
+from gpuscope.agent.sources import Source
+
+R = TypeVar("R")  # the records the collector's source returns
+O = TypeVar("O")  # the collector's options dataclass  # noqa: E741
+
+
+@dataclass(frozen=True, slots=True)
+class BuildContext(Generic[O]):
+    """What `Collector.build` gets: the agent-wide options and the collector's own."""
+
+    agent: Any  # gpuscope.agent.config.AgentOptions (host roots, node name, kubeconfig)
+    options: O
+    clock: Clock
+    background: bool  # False: tests drive background work (sampler ticks, polls) by hand
+
+
+@dataclass(frozen=True, slots=True)
+class Collector(Generic[R, O]):
+    """One collector: a name, its options, how its source is built and how it is rendered.
+
+    The value is also the typed key of its records: `collection.records(GPU)` is a
+    `GpuSnapshot | None`, with no `isinstance` at the consumer.
+    """
+
+    name: str
+    summary: str  # one line for the docs: what it reads
+    records: type[R]
+    options: type[O]
+    build: Callable[[BuildContext[O]], Source[R]]
+    # "module:ATTRIBUTE" of its Prometheus renderer (an `exporters.prometheus.render.Renderer`),
+    # named rather than imported: sources never import exporters. None: nothing of its own to
+    # render (the kubelet and pods collectors feed the attribution stage).
+    renderer: str | None = None
+    default: bool = True  # enabled when --collectors is not given

@@ -1,0 +1,49 @@
+"""The `gpu` collector's declaration: NVML devices, sampled and read at scrape time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuscope.agent.collector import BuildContext, Collector
+from gpuscope.agent.gpu.records import GpuSnapshot
+from gpuscope.agent.options import flag
+from gpuscope.agent.sources import Source
+
+
+@dataclass(frozen=True, slots=True)
+class GpuOptions:
+    sample_interval: float = flag(
+        1.0,
+        "seconds between GPU sampler ticks",
+        check=lambda v: None if 0.05 <= v <= 60 else f"expected 0.05 to 60 seconds, got {v:g}",
+    )
+    idle_threshold: float = flag(
+        0.0,
+        "utilization ratio (0-1) above which a GPU counts as active",
+        check=lambda v: None if 0 <= v < 1 else f"expected a ratio from 0 to below 1, got {v:g}",
+    )
+    # Read by the renderer only: the source reads every link whatever this says.
+    nvlink_per_link: bool = flag(False, "also export NVLink throughput per link (true/false)")
+
+
+def _build(ctx: BuildContext[GpuOptions]) -> Source[GpuSnapshot]:
+    from gpuscope.agent.gpu.source import GpuConfig, GpuSource
+
+    config = GpuConfig(
+        sample_interval=ctx.options.sample_interval,
+        idle_threshold=ctx.options.idle_threshold,
+        sysfs=ctx.agent.sysfs,
+        background=ctx.background,
+    )
+    return GpuSource(config, clock=ctx.clock)
+
+
+GPU: Collector[GpuSnapshot, GpuOptions] = Collector(
+    name="gpu",
+    summary="NVIDIA GPUs through NVML: utilization, memory, power, clocks, errors, PCIe, "
+    "NVLink, MIG, GPU processes.",
+    records=GpuSnapshot,
+    options=GpuOptions,
+    build=_build,
+    renderer="gpuscope.exporters.prometheus.gpu:RENDERER",
+)

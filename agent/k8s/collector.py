@@ -1,0 +1,92 @@
+"""Declarations of the Kubernetes collectors: `kubelet` (who holds each device, from the
+PodResources API) and `pods` (this node's pods and workloads, from the Kubernetes API).
+
+Neither renders series of its own: the attribution stage joins their records with the GPU
+and network records, and the exporter renders what it adds.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuscope.agent.collector import BuildContext, Collector
+from gpuscope.agent.k8s.podresources.records import KubeletSnapshot
+from gpuscope.agent.k8s.records import PodsSnapshot
+from gpuscope.agent.k8s.workloads import DEFAULT_ORDER, RESOLVERS
+from gpuscope.agent.options import ConfigError, flag, names
+from gpuscope.agent.sources import Source
+
+
+@dataclass(frozen=True, slots=True)
+class KubeletOptions:
+    kubelet_socket: Path = flag(
+        Path("/var/lib/kubelet/pod-resources/kubelet.sock"), "the kubelet's PodResources socket"
+    )
+    kubelet_interval: float = flag(
+        10.0,
+        "seconds between PodResources polls",
+        check=lambda v: None if 1 <= v <= 600 else f"expected 1 to 600 seconds, got {v:g}",
+    )
+
+
+def _workload_order(flag_name: str, text: str) -> tuple[str, ...]:
+    order = names(text)
+    unknown = [n for n in order if n not in RESOLVERS]
+    if unknown or not order:
+        raise ConfigError(
+            f"{flag_name}: unknown resolver {unknown[0] if unknown else '(none)'!r} "
+            f"(available: {', '.join(RESOLVERS)})"
+        )
+    return order
+
+
+@dataclass(frozen=True, slots=True)
+class PodsOptions:
+    workload_order: tuple[str, ...] = flag(
+        DEFAULT_ORDER,
+        "comma-separated order in which pod workloads are resolved (leave one out to ignore it)",
+        parse=_workload_order,
+    )
+
+
+def _build_kubelet(ctx: BuildContext[KubeletOptions]) -> Source[KubeletSnapshot]:
+    from gpuscope.agent.k8s.kubelet_source import KubeletSource
+
+    return KubeletSource(
+        ctx.options.kubelet_socket,
+        interval=ctx.options.kubelet_interval,
+        clock=ctx.clock,
+        background=ctx.background,
+    )
+
+
+def _build_pods(ctx: BuildContext[PodsOptions]) -> Source[PodsSnapshot]:
+    from gpuscope.agent.k8s.client import make_client
+    from gpuscope.agent.k8s.pods_source import PodsSource
+
+    return PodsSource(
+        functools.partial(make_client, ctx.agent.kubeconfig),
+        ctx.agent.node_name,
+        order=ctx.options.workload_order,
+    )
+
+
+KUBELET: Collector[KubeletSnapshot, KubeletOptions] = Collector(
+    name="kubelet",
+    summary="Device allocations per container from the kubelet's PodResources API (gRPC on "
+    "its unix socket).",
+    records=KubeletSnapshot,
+    options=KubeletOptions,
+    build=_build_kubelet,
+)
+
+PODS: Collector[PodsSnapshot, PodsOptions] = Collector(
+    name="pods",
+    summary="This node's pods, their containers and workloads, from the Kubernetes API "
+    "(list and watch).",
+    records=PodsSnapshot,
+    options=PodsOptions,
+    build=_build_pods,
+)

@@ -1,0 +1,25 @@
+"""Immutable records of the `pods` collector: this node's pods as the Kubernetes API names
+them. Kept apart from the watcher (I/O) so that attribution and exporters import only data."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from gpuscope.agent.k8s.workloads import Workload
+
+
+@dataclass(frozen=True, slots=True)
+class PodMeta:
+    uid: str
+    namespace: str
+    name: str
+    workload: Workload
+    # Container runtime id (the hex id in the container's cgroup name) -> container name:
+    # what turns a GPU process's cgroup into the container a user named.
+    containers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class PodsSnapshot:
+    pods: Mapping[str, PodMeta]  # by pod UID

@@ -1,0 +1,111 @@
+"""Declarations of the network collectors: `net` (per-pod traffic through eBPF), `nic` and
+`rdma` (device counters from sysfs)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuscope.agent.collector import BuildContext, Collector
+from gpuscope.agent.net.records import NetSnapshot, NicSnapshot, RdmaSnapshot
+from gpuscope.agent.options import NoOptions, flag, one_of
+from gpuscope.agent.sources import Source
+
+
+def _at_least_one(v: int) -> str | None:
+    return None if v >= 1 else f"expected at least 1, got {v}"
+
+
+@dataclass(frozen=True, slots=True)
+class NetOptions:
+    cgroup_root: Path | None = flag(
+        None,
+        "the host's cgroup v2 mount",
+        shown="<sysfs>/fs/cgroup, or its unified/ on hybrid hosts",
+    )
+    net_per_container: bool = flag(
+        False, "network series per container, not only per pod (true/false)"
+    )
+    net_prune_grace: float = flag(
+        60.0,
+        "seconds before a vanished cgroup's series go",
+        check=lambda v: None if v >= 0 else f"expected seconds >= 0, got {v:g}",
+    )
+    net_traffic_mode: str = flag(
+        "auto",
+        "auto, tracepoint or cgroup_skb (auto: tracepoints where the kernel has them)",
+        parse=one_of("auto", "tracepoint", "cgroup_skb"),
+    )
+    bpf_max_cgroups: int = flag(8192, "cgroups the BPF maps can hold", check=_at_least_one)
+    bpf_max_sockets: int = flag(
+        262144, "TCP sockets the BPF socket map can hold", check=_at_least_one
+    )
+    kernel_modules: Path = flag(
+        Path("/lib/modules"),
+        "where the host's /lib/modules is (bcc finds the kernel headers there)",
+    )
+    kernel_headers: Path = flag(
+        Path("/usr/src/gpuscope-kernel-headers"),
+        "fallback kernel header tree for bcc, where the host has none",
+    )
+
+
+def _build_net(ctx: BuildContext[NetOptions]) -> Source[NetSnapshot]:
+    from gpuscope.agent.net.bpf_program import MapLimits
+    from gpuscope.agent.net.source import NetConfig, NetSource
+
+    o = ctx.options
+    config = NetConfig(
+        sysfs=ctx.agent.sysfs,
+        procfs=ctx.agent.procfs,
+        cgroup_root=o.cgroup_root,
+        per_container=o.net_per_container,
+        prune_grace=o.net_prune_grace,
+        traffic_mode=o.net_traffic_mode,
+        limits=MapLimits(cgroups=o.bpf_max_cgroups, sockets=o.bpf_max_sockets),
+        modules_dir=o.kernel_modules,
+        fallback_headers=o.kernel_headers,
+    )
+    return NetSource(config, clock=ctx.clock)
+
+
+def _build_nic(ctx: BuildContext[NoOptions]) -> Source[NicSnapshot]:
+    from gpuscope.agent.net.nic import NicSource
+
+    return NicSource(ctx.agent.sysfs)
+
+
+def _build_rdma(ctx: BuildContext[NoOptions]) -> Source[RdmaSnapshot]:
+    from gpuscope.agent.net.rdma import RdmaSource
+
+    return RdmaSource(ctx.agent.sysfs)
+
+
+NET: Collector[NetSnapshot, NetOptions] = Collector(
+    name="net",
+    summary="Per-pod TCP/UDP traffic, retransmits, connections and RTT from eBPF probes, "
+    "aggregated in the kernel by cgroup.",
+    records=NetSnapshot,
+    options=NetOptions,
+    build=_build_net,
+    renderer="gpuscope.exporters.prometheus.net:RENDERER",
+)
+
+NIC: Collector[NicSnapshot, NoOptions] = Collector(
+    name="nic",
+    summary="Physical network interfaces from sysfs: bytes, packets, errors, speed, MTU.",
+    records=NicSnapshot,
+    options=NoOptions,
+    build=_build_nic,
+    renderer="gpuscope.exporters.prometheus.net_devices:NIC_RENDERER",
+)
+
+RDMA: Collector[RdmaSnapshot, NoOptions] = Collector(
+    name="rdma",
+    summary="RDMA devices (InfiniBand, RoCE) from sysfs: port state, rate, traffic and "
+    "error counters.",
+    records=RdmaSnapshot,
+    options=NoOptions,
+    build=_build_rdma,
+    renderer="gpuscope.exporters.prometheus.net_devices:RDMA_RENDERER",
+)

@@ -1,0 +1,20 @@
+"""Every collector gpuscope has, in the order they are collected and documented.
+
+Adding a collector is a new folder with its source, records and `collector.py`
+declaration, a renderer in exporters/prometheus/, and one line here (docs/architecture.md,
+"Adding a collector").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuscope.agent.collector import Collector
+from gpuscope.agent.gpu.collector import GPU
+from gpuscope.agent.k8s.collector import KUBELET, PODS
+from gpuscope.agent.net.collector import NET, NIC, RDMA
+
+COLLECTORS: tuple[Collector[Any, Any], ...] = (GPU, NET, NIC, RDMA, KUBELET, PODS)
+
+BY_NAME: dict[str, Collector[Any, Any]] = {c.name: c for c in COLLECTORS}
+DEFAULT_COLLECTORS: tuple[str, ...] = tuple(c.name for c in COLLECTORS if c.default)
