@@ -14,7 +14,8 @@ PYTEST_ARGS  ?=
 LINT_PATHS   := agent exporters gpuscope/__init__.py gpuscope/__main__.py tests scripts \
                 scripts/gpu-check bench
 
-.PHONY: all deps venv fakenvml kernel demo test lint typecheck unit bench golden-update clean
+.PHONY: all deps venv fakenvml kernel demo test lint typecheck unit integration kernel-tests \
+        e2e deploy-tests bench golden-update clean
 
 all: venv fakenvml
 
@@ -36,7 +37,7 @@ $(VENV)/.stamp: pyproject.toml requirements-dev.txt $(BUILD)/.deps-stamp
 
 ## The fake NVML library that tests and the demo put in front of the real pynvml bindings.
 fakenvml: $(FAKENVML_LIB)
-$(FAKENVML_LIB): tests/fakenvml/fakenvml.c $(BUILD)/.deps-stamp
+$(FAKENVML_LIB): tests/doubles/fakenvml/fakenvml.c $(BUILD)/.deps-stamp
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_FAKE) -shared -Wl,-soname,libnvidia-ml.so.1 -o $@ $< -lm -lpthread
 
@@ -54,16 +55,33 @@ lint: venv
 typecheck: venv
 	$(VENV)/bin/mypy
 
-unit: venv fakenvml kernel
-	$(PY) -m pytest $(PYTEST_ARGS)
+## The test tiers (tests/README.md). Without root, kernel-tests and e2e skip what needs it
+## (GPUSCOPE_REQUIRE_ROOT=1 makes those skips failures, as in CI).
+## unit: the tiers that need neither root nor the real agent: unit, integration, deploy.
+unit: venv fakenvml
+	$(PY) -m pytest tests/unit tests/integration tests/deploy $(PYTEST_ARGS)
 
-test: lint typecheck unit
+integration: venv fakenvml
+	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
+
+kernel-tests: venv fakenvml kernel
+	$(PY) -m pytest tests/kernel $(PYTEST_ARGS)
+
+e2e: venv fakenvml kernel
+	$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
+
+deploy-tests: venv fakenvml
+	$(PY) -m pytest tests/deploy $(PYTEST_ARGS)
+
+## Lint, types and every tier.
+test: lint typecheck fakenvml kernel
+	$(PY) -m pytest $(PYTEST_ARGS)
 
 ## Regenerate golden files, docs/metrics.md and the generated rules/dashboards manifests
 ## after an intended change; review the diff.
 golden-update: venv fakenvml
-	GPUSCOPE_UPDATE_GOLDEN=1 $(PY) -m pytest tests/test_golden.py tests/test_metrics_doc.py \
-		tests/test_deploy_assets.py
+	GPUSCOPE_UPDATE_GOLDEN=1 $(PY) -m pytest tests/integration/test_golden.py \
+		tests/unit/exporters/test_metrics_doc.py tests/deploy/test_deploy_assets.py
 
 bench: venv fakenvml kernel
 	$(PY) bench/bench_gpu.py

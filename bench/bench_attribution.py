@@ -2,7 +2,7 @@
 """Attribution at the kubelet's default pod limit: 8 GPUs and 110 pods, every pod with
 network series, every source on (gpu, net, nic, rdma, kubelet, pods).
 
-The real `gpuscope` process runs on a simulated dgx-h100 node (tests/simnode.py): the pods
+The real `gpuscope` process runs on a simulated dgx-h100 node (tests/doubles/simnode.py): the pods
 are real processes in kubelet-style cgroups, each sending TCP traffic to the next, 16 of
 them GPU processes (8 GPUs, two time-sliced shares each). Prints, for docs/performance.md:
   * /metrics latency as a scraper sees it (collection of every source + attribution +
@@ -31,9 +31,9 @@ sys.path.insert(0, str(REPO))
 from bench.bench_gpu import proc_cpu_seconds, proc_rss_mb  # noqa: E402
 from gpuscope.agent.app import Agent  # noqa: E402
 from gpuscope.agent.config import parse  # noqa: E402
-from tests.conftest import free_port  # noqa: E402
-from tests.fakenvml.control import FakeNvml, ensure_built  # noqa: E402
-from tests.simnode import GIB, ContainerSpec, SimNode  # noqa: E402
+from tests.doubles.fakenvml.control import FakeNvml, ensure_built  # noqa: E402
+from tests.doubles.simnode import GIB, ContainerSpec, SimNode  # noqa: E402
+from tests.support import free_port  # noqa: E402
 
 PODS = 110
 HEADERS = REPO / "build" / "kernel-headers" / "debian"

@@ -31,8 +31,8 @@ from prometheus_client import generate_latest  # noqa: E402
 from gpuscope.agent.app import Agent  # noqa: E402
 from gpuscope.agent.config import parse  # noqa: E402
 from gpuscope.agent.gpu.source import GpuSource  # noqa: E402
-from tests.conftest import free_port  # noqa: E402
-from tests.fakenvml.control import FakeNvml, ensure_built  # noqa: E402
+from tests.doubles.fakenvml.control import FakeNvml, ensure_built  # noqa: E402
+from tests.support import free_port  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 

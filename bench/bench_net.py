@@ -28,8 +28,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from gpuscope.agent.net.source import NetConfig, NetSource  # noqa: E402
-from tests.conftest import free_port  # noqa: E402
-from tests.fakenvml.control import FakeNvml, ensure_built  # noqa: E402
+from tests.doubles.fakenvml.control import FakeNvml, ensure_built  # noqa: E402
+from tests.support import free_port  # noqa: E402
 
 HEADERS = REPO / "build" / "kernel-headers" / "debian"
 RR = REPO / "build" / "bench" / "rr"

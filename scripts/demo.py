@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """`make demo`: gpuscope on a simulated 8x H100 node with a scripted, changing workload.
 
-The fake NVML library plays the GPUs (tests/fakenvml); tests/simnode.py plays the rest of a
-Kubernetes node: real processes in kubelet-style cgroups as the pods' containers, a real
-PodResources gRPC server as the kubelet, an API server double holding the Pod objects, and
-real TCP traffic between the pods. The agent is the real `gpuscope` process, loading the
-fake through the real pynvml bindings. Prints the /metrics URL and live per-GPU and per-pod
-tables until Ctrl-C (or --duration seconds). The pods need root (cgroups); without it the
-demo runs with GPUs only.
+The fake NVML library plays the GPUs (tests/doubles/fakenvml); tests/doubles/simnode.py
+plays the rest of a Kubernetes node: real processes in kubelet-style cgroups as the pods'
+containers, a real PodResources gRPC server as the kubelet, an API server double holding the
+Pod objects, and real TCP traffic between the pods. The agent is the real `gpuscope`
+process, loading the fake through the real pynvml bindings. Prints the /metrics URL and live
+per-GPU and per-pod tables until Ctrl-C (or --duration seconds). The pods need root
+(cgroups); without it the demo runs with GPUs only.
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.fakenvml.control import FakeNvml, ensure_built  # noqa: E402
-from tests.kube_apiserver import owner_reference  # noqa: E402
-from tests.promtext import Exposition  # noqa: E402
-from tests.simnode import ContainerSpec, SimNode  # noqa: E402
+from tests.doubles.fakenvml.control import FakeNvml, ensure_built  # noqa: E402
+from tests.doubles.kube_apiserver import owner_reference  # noqa: E402
+from tests.doubles.simnode import ContainerSpec, SimNode  # noqa: E402
+from tests.support.promtext import Exposition  # noqa: E402
 
 GIB = 2**30
 MB = 1e6

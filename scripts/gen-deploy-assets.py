@@ -5,13 +5,14 @@ Sources of truth, edited by hand:
     daemonset/rules/gpuscope.rules.yml   Prometheus recording and alerting rules
     dashboards/*.json                    Grafana dashboards
 
-Generated from them (never edit these; tests/test_deploy_assets.py fails when they drift):
+Generated from them (never edit these; tests/deploy/test_deploy_assets.py fails when they drift):
     daemonset/base/prometheusrule.yaml                       PrometheusRule (Prometheus Operator)
     daemonset/overlays/plain-prometheus/rules-configmap.yaml  ConfigMap gpuscope-rules
     daemonset/base/dashboards.yaml                           one ConfigMap per dashboard
 
 Usage: scripts/gen-deploy-assets.py [--check]   (--check: exit 1 if a file is stale)
-The test suite's convention also works: GPUSCOPE_UPDATE_GOLDEN=1 pytest tests/test_deploy_assets.py
+The test suite's convention also works:
+    GPUSCOPE_UPDATE_GOLDEN=1 pytest tests/deploy/test_deploy_assets.py
 """
 
 from __future__ import annotations

@@ -1,31 +1,24 @@
-"""Shared fixtures: the fake NVML library, an in-process GPU agent on a manual clock, and
-the real `gpuscope` binary as a subprocess."""
+"""Fixtures for every tier: the fake NVML library, an in-process GPU agent on a manual clock,
+and the real `gpuscope` binary as a subprocess (thin wrappers over tests/support), plus the
+`root` marker: a test marked `root` skips when not run as uid 0, or fails when
+GPUSCOPE_REQUIRE_ROOT=1 (tests/README.md)."""
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from prometheus_client import generate_latest
 
-from gpuscope.agent.app import Agent
-from gpuscope.agent.clock import ManualClock
-from gpuscope.agent.config import parse
-from gpuscope.agent.gpu.source import GpuSource
-from tests.fakenvml.control import FakeNvml, ensure_built
-from tests.promtext import Exposition
+from tests.doubles.fakenvml.control import FakeNvml, ensure_built
+from tests.support import AgentProcess, InProcess, require_root, spawn_agent, start_inprocess
 
-REPO = Path(__file__).resolve().parents[1]
-GPUSCOPE = [sys.executable, "-m", "gpuscope"]
-T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z: frozen fake time for deterministic tests
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """`@pytest.mark.root(reason)`: checked before any fixture of the test is set up."""
+    marker = item.get_closest_marker("root")
+    if marker is not None:
+        require_root(str(marker.kwargs.get("reason") or (marker.args or ["root"])[0]))
 
 
 @pytest.fixture(scope="session")
@@ -33,54 +26,15 @@ def fake_lib() -> Path:
     return ensure_built()
 
 
-@dataclass
-class InProcess:
-    """An agent in this process: real pynvml over the fake library, time moved by hand."""
-
-    fake: FakeNvml
-    clock: ManualClock
-    agent: Agent
-
-    @property
-    def gpu(self) -> GpuSource:
-        source = self.agent.source("gpu")
-        assert isinstance(source, GpuSource)
-        return source
-
-    def advance(self, seconds: float, *, step: float = 1.0) -> None:
-        """Move fake NVML time and the agent's clock together, ticking the sampler per step."""
-        assert self.gpu.sampler is not None
-        remaining = seconds
-        while remaining > 1e-9:
-            dt = min(step, remaining)
-            self.fake.advance(dt)
-            self.clock.advance(dt)
-            self.gpu.sampler.tick()
-            remaining -= dt
-
-    def scrape(self) -> Exposition:
-        return Exposition(generate_latest(self.agent.registry).decode())
-
-    def scrape_text(self) -> str:
-        return generate_latest(self.agent.registry).decode()
-
-
 @pytest.fixture
 def inprocess(fake_lib: Path, tmp_path: Path) -> Iterator[Callable[..., InProcess]]:
+    """`inprocess(profile, *agent_args, setup=None)`: see support.start_inprocess."""
     started: list[InProcess] = []
 
     def start(
         profile: str, *args: str, setup: Callable[[FakeNvml], None] | None = None
     ) -> InProcess:
-        fake = FakeNvml(profile, tmp_path / f"{profile}.state", now=T0)
-        if setup is not None:
-            setup(fake)
-        fake.activate()
-        clock = ManualClock(T0)
-        config = parse(["--listen", "127.0.0.1:0", "--collectors", "gpu", *args], env={})
-        agent = Agent(config, clock=clock, background=False)
-        handle = InProcess(fake=fake, clock=clock, agent=agent)
-        agent.start()
+        handle = start_inprocess(tmp_path, profile, *args, setup=setup)
         started.append(handle)
         return handle
 
@@ -89,86 +43,14 @@ def inprocess(fake_lib: Path, tmp_path: Path) -> Iterator[Callable[..., InProces
         handle.agent.stop()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class AgentProcess:
-    proc: subprocess.Popen[str]
-    port: int
-    log_path: Path
-    stopped: bool = field(default=False)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def get(self, path: str) -> tuple[int, str]:
-        try:
-            with urllib.request.urlopen(self.url + path, timeout=10) as resp:
-                return resp.status, resp.read().decode()
-        except urllib.error.HTTPError as err:
-            return err.code, err.read().decode()
-
-    def scrape(self) -> Exposition:
-        status, body = self.get("/metrics")
-        assert status == 200, body
-        return Exposition(body)
-
-    def wait_ready(self, timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"gpuscope exited {self.proc.returncode}:\n{self.logs()}")
-            try:
-                if self.get("/readyz")[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.05)
-        raise AssertionError(f"gpuscope not ready after {timeout}s:\n{self.logs()}")
-
-    def logs(self) -> str:
-        return self.log_path.read_text() if self.log_path.exists() else ""
-
-    def stop(self) -> int:
-        if not self.stopped:
-            self.stopped = True
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return int(self.proc.returncode)
-
-
 @pytest.fixture
 def agent_process(tmp_path: Path) -> Iterator[Callable[..., AgentProcess]]:
+    """`agent_process(*agent_args, env=None)`: see support.spawn_agent; stopped at teardown."""
     running: list[AgentProcess] = []
 
     def start(*args: str, env: dict[str, str] | None = None) -> AgentProcess:
-        port = free_port()
-        log_path = tmp_path / f"gpuscope-{port}.log"
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith("GPUSCOPE_")}
-        full_env.pop("FAKENVML_STATE", None)
-        full_env.update(env or {})
-        full_env["PYTHONUNBUFFERED"] = "1"
-        with log_path.open("w") as log_file:
-            proc = subprocess.Popen(
-                [*GPUSCOPE, "--listen", f"127.0.0.1:{port}", *args],
-                cwd=REPO,
-                env=full_env,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        handle = AgentProcess(proc=proc, port=port, log_path=log_path)
+        handle = spawn_agent(tmp_path, *args, env=env)
         running.append(handle)
-        handle.wait_ready()
         return handle
 
     yield start
@@ -182,12 +64,3 @@ def _fast_xid_wait(monkeypatch: pytest.MonkeyPatch) -> None:
     import gpuscope.agent.gpu.xid
 
     monkeypatch.setattr(gpuscope.agent.gpu.xid, "WAIT_MS", 50)
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 5.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")

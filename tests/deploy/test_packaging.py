@@ -1,0 +1,104 @@
+"""The installed distribution: one import name, `gpuscope`, and a console script that runs
+from a virtual environment holding only the wheel (not the checkout)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PIP = (sys.executable, "-m", "pip")
+SOURCES = ("pyproject.toml", "README.md", "agent", "exporters", "gpuscope")
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Build from a copy of the package sources, so setuptools' build/ stays out of the
+    checkout (whose build/ holds the fake NVML) and no stale file can slip in."""
+    src = tmp_path_factory.mktemp("src")
+    for name in SOURCES:
+        path = REPO / name
+        if path.is_dir():
+            shutil.copytree(
+                path, src / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__")
+            )
+        else:
+            shutil.copy2(path, src / name)
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [*PIP, "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out), str(src)],
+        check=True,
+        capture_output=True,
+    )
+    (built,) = out.glob("gpuscope-*.whl")
+    return built
+
+
+def test_wheel_installs_exactly_one_import_name(wheel: Path) -> None:
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith(".dist-info")}
+    assert top == {"gpuscope"}
+    assert "gpuscope/agent/cli.py" in names
+    assert "gpuscope/exporters/prometheus/collector.py" in names
+    # Every module of the checkout is in the wheel (the links were followed, not dropped).
+    for tree in ("agent", "exporters"):
+        for py in (REPO / tree).rglob("*.py"):
+            assert f"gpuscope/{py.relative_to(REPO).as_posix()}" in names, py
+
+
+def test_console_script_runs_from_a_venv_with_only_the_wheel(wheel: Path, tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    subprocess.run(
+        [*PIP, "--python", str(python), "install", "-q", "--no-deps", "--no-cache-dir", str(wheel)],
+        check=True,
+        capture_output=True,
+    )
+    # The runtime dependencies come from the test venv's site-packages as a plain path entry:
+    # its .pth files (the editable install of the checkout among them) are not processed.
+    purelib = Path(
+        subprocess.check_output(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            text=True,
+        ).strip()
+    )
+    (purelib / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+
+    run = subprocess.run(
+        [str(venv / "bin" / "gpuscope"), "--version"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert re.fullmatch(r"gpuscope \d+\.\d+\.\d+\n", run.stdout)
+    where = subprocess.check_output(
+        [str(python), "-c", "import gpuscope.agent.cli as m; print(m.__file__)"],
+        cwd=tmp_path,
+        text=True,
+    )
+    assert Path(where.strip()).is_relative_to(venv), where
+    help_text = subprocess.run(
+        [str(venv / "bin" / "gpuscope"), "--help"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert help_text.returncode == 0 and "--collectors" in help_text.stdout
+
+
+def test_sources_import_only_through_the_gpuscope_name() -> None:
+    """In a checkout `agent` is importable too (the repository root is on sys.path); a module
+    imported under both names would exist twice, with two sets of classes and globals."""
+    pattern = re.compile(r"^\s*(from|import)\s+(agent|exporters)(\.|\s|$)", re.M)
+    offenders = []
+    for tree in ("agent", "exporters", "tests", "scripts", "bench"):
+        for path in (REPO / tree).rglob("*.py"):
+            if pattern.search(path.read_text()):
+                offenders.append(str(path.relative_to(REPO)))
+    assert not offenders, f"import through gpuscope.agent / gpuscope.exporters: {offenders}"

@@ -1,0 +1,552 @@
+"""End to end with a real Prometheus: Debian's `prometheus` scrapes the real `gpuscope` agent
+on a simulated GPU node (tests/doubles/simnode.py: fake NVML, kubelet and API doubles, pods as real
+processes with real traffic) with the rules file loaded, then every dashboard query, every
+recording rule and every alert expression is evaluated through the HTTP API.
+
+The node is driven into the alerting states the fakes allow: a lost GPU, critical XIDs, row
+remaps pending (on a time-sliced GPU) and failed, an NVLink down and another one erring, a hot
+and thermally throttled GPU, a busy GPU on a narrowed PCIe link, packet loss on one pod's
+path (nftables), an agent whose GPU collector fails and a target that does not answer.
+
+What "returns data" means here (all failures are reported at once, by dashboard and panel
+title, or by rule):
+- dashboard queries, with the template variables set to values read from the data
+  ($__rate_interval 4 s = 4 scrape intervals, $__range the time since Prometheus started):
+  at least one series with a finite value;
+- recording rules: the expression and the recorded series both return series; Prometheus
+  reports every rule healthy (no evaluation error, e.g. a failed join);
+- alerts, three ways: (1) with every comparison made `bool` (so the selectors, joins and
+  functions are proven on the real output even where a threshold cannot be reached), for
+  every alert; (2) as written with its range windows shortened to 8 s (the test lasts
+  seconds, not hours), for the alerts provoked here; (3) pending or firing in Prometheus
+  itself, with the windows as written, labelled with the pod that holds the GPU, for the
+  provoked alerts whose windows allow it within the test. NOT_PROVOKED says which alerts
+  the fakes cannot drive, and why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.doubles.fakenvml.control import FakeNvml
+from tests.doubles.kube_apiserver import owner_reference
+from tests.doubles.make_sysfs import write_tree
+from tests.doubles.netlab import cgroup_v2_root
+from tests.doubles.simnode import (
+    EVAL_POD,
+    GIB,
+    NB_ALICE_POD,
+    WORKER_POD,
+    ContainerSpec,
+    SimNode,
+    training_scenario,
+)
+from tests.support import AgentProcess, free_port, sim_node_args
+from tests.support.observability import (
+    RULES,
+    Query,
+    alerting_rules,
+    all_queries,
+    label_values_query,
+    recording_rules,
+    selectors,
+    substitute,
+)
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.e2e,
+    pytest.mark.kernel,
+    pytest.mark.root(reason="the simulated node makes cgroups, the agent loads BPF"),
+]
+
+SCRAPE_INTERVAL_S = 1
+RATE_INTERVAL = "4s"  # Grafana's $__rate_interval: 4 x the scrape interval
+SHORT_WINDOW = "8s"  # alert windows, shortened for check (2)
+SETTLE_TIMEOUT_S = 30.0  # after the states are provoked, until every check passes
+
+SIM_NODE = "sim-node-1"
+BROKEN_NODE = "broken-node"  # an agent whose gpu collector fails (no NVML library)
+GONE_NODE = "gone-node"  # a target nothing listens on
+STRAGGLER_POD = "ml-team/llama-ft-worker-1"
+CRITICAL_XID, OTHER_XID = 48, 31
+
+WORKER = {"namespace": "ml-team", "pod": "llama-ft-worker-0", "workload": "llama-ft"}
+EVAL = {"namespace": "eval", "pod": "eval-nightly-7xk2p", "workload": "eval-nightly"}
+# Provoked alerts: labels at least one of their series must carry (checks 2 and 3). Rules
+# sharing a name (GPUTemperatureHigh, one per sensor) count as proven if any of them is.
+PROVOKED: dict[str, dict[str, str]] = {
+    "GPULost": {"node": SIM_NODE, "gpu": "3", **WORKER},
+    "GPUXidCritical": {"node": SIM_NODE, "gpu": "4", **EVAL},
+    "GPURowRemapFailure": {"node": SIM_NODE, "gpu": "4", **EVAL},
+    "GPURowRemapPending": {"node": SIM_NODE, "gpu": "6", "namespace": "research"},
+    "GPUNVLinkDown": {"node": SIM_NODE, "gpu": "1", **WORKER},
+    "GPUNVLinkErrors": {"node": SIM_NODE, "gpu": "1", **WORKER},
+    "GPUTemperatureHigh": {"node": SIM_NODE, "gpu": "2", "sensor": "gpu", **WORKER},
+    "GPUThrottledThermal": {"node": SIM_NODE, "gpu": "2", **WORKER},
+    "GPUPCIeLinkDegraded": {"node": SIM_NODE, "gpu": "0", **WORKER},
+    "PodTCPRetransmitRatioHigh": {"node": SIM_NODE, "pod": "llama-ft-worker-1"},
+    "GpuscopeCollectorFailing": {"node": BROKEN_NODE, "collector": "gpu"},
+    "GpuscopeDown": {"node": GONE_NODE},
+}
+NOT_PROVOKED = {
+    "GPUAllocatedIdle": "its threshold is 30 minutes of idleness, measured by the agent in real "
+    "time",
+    'GPUTemperatureHigh{sensor="memory"}': "the fake NVML's HBM temperature follows memory "
+    "utilization (70 °C at most) and has no override",
+}
+# Recording rules with a threshold the test cannot reach: their expression is checked with
+# comparisons made bool (the recorded series cannot exist yet).
+THRESHOLDED_RECORDING = {
+    "namespace:gpuscope_gpus_allocated_idle:count": "counts GPUs idle for 5 minutes or more",
+}
+# Check (3) needs the windows as written to be satisfied within the test: not these.
+NOT_IN_PROMETHEUS_STATE = {
+    "GPUPCIeLinkDegraded": "rate(busy[5m]) > 0.1 needs 30+ s of data at 93 % busy",
+    "PodTCPRetransmitRatioHigh": "rate(retransmits[5m]) >= 1 needs minutes of data",
+}
+_COMPARISON = re.compile(r"(==|!=|>=|<=|>(?!=)|<(?!=))(?!\s*bool\b)")
+
+
+# --- PromQL rewriting for the alert checks ------------------------------------------------
+
+
+def _outside_strings_and_braces(expr: str, fn: Callable[[str], str]) -> str:
+    """Apply fn to the parts of expr outside string literals and label matchers."""
+    out: list[str] = []
+    buf: list[str] = []
+    i = 0
+    while i < len(expr):
+        c = expr[i]
+        if c in "\"'{":
+            out.append(fn("".join(buf)))
+            buf = []
+            end = expr.index("}" if c == "{" else c, i + 1)
+            while c != "{" and expr[end - 1] == "\\":
+                end = expr.index(c, end + 1)
+            out.append(expr[i : end + 1])
+            i = end + 1
+            continue
+        buf.append(c)
+        i += 1
+    out.append(fn("".join(buf)))
+    return "".join(out)
+
+
+def relaxed(expr: str) -> str:
+    """Every comparison made `bool`: filters keep all their series (as 0 or 1)."""
+    return _outside_strings_and_braces(expr, lambda s: _COMPARISON.sub(r"\1 bool", s))
+
+
+def shortened(expr: str) -> str:
+    """Range windows shortened to SHORT_WINDOW; offsets (XID "new series") left as written."""
+    return _outside_strings_and_braces(
+        expr, lambda s: re.sub(r"\[\d+[smhd]\]", f"[{SHORT_WINDOW}]", s)
+    )
+
+
+def test_relaxed_and_shortened_rewrite_only_operators_and_windows() -> None:
+    expr = 'rate(x{a!="b", c=~"<.*"}[5m]) > 0.1 and on (u) (y == 1) or z offset 1h >= bool 2'
+    assert relaxed(expr) == (
+        'rate(x{a!="b", c=~"<.*"}[5m]) > bool 0.1 and on (u) (y == bool 1) or z offset 1h >= bool 2'
+    )
+    assert shortened(expr).startswith(f'rate(x{{a!="b", c=~"<.*"}}[{SHORT_WINDOW}]) > 0.1')
+    assert "offset 1h" in shortened(expr)
+
+
+# --- Prometheus -----------------------------------------------------------------------------
+
+
+@dataclass
+class Prometheus:
+    url: str
+    proc: subprocess.Popen[str]
+    log: Path
+    started: float = field(default_factory=time.time)
+
+    def get(self, path: str, **params: str) -> Any:
+        url = f"{self.url}{path}?{urllib.parse.urlencode(params, doseq=True)}"
+        try:
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                body = json.loads(resp.read())
+        except urllib.error.HTTPError as err:
+            body = json.loads(err.read() or b"{}")
+        if body.get("status") != "success":
+            raise PromQLError(body.get("error", str(body)))
+        return body["data"]
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        data = self.get("/api/v1/query", query=expr, time=f"{time.time():.3f}")
+        if data["resultType"] == "scalar":
+            return [{"metric": {}, "value": data["result"]}]
+        result: list[dict[str, Any]] = data["result"]
+        return result
+
+    def series_labels(self, selector: str, label: str) -> list[str]:
+        data = self.get(
+            "/api/v1/series", **{"match[]": selector, "start": f"{self.started - 60:.0f}"}
+        )
+        return sorted({s[label] for s in data if s.get(label)})
+
+    def logs(self) -> str:
+        return self.log.read_text()[-4000:] if self.log.exists() else ""
+
+
+class PromQLError(Exception):
+    pass
+
+
+def start_prometheus(tmp: Path, targets: dict[str, str]) -> Prometheus:
+    """Debian's prometheus on loopback, scraping {node: host:port} as job gpuscope (the
+    static `node` label stands in for the PodMonitor's relabeling from the pod's node)."""
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.fail("prometheus is not installed (scripts/install-deps.sh installs it)")
+    tmp.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    config = {
+        "global": {
+            "scrape_interval": f"{SCRAPE_INTERVAL_S}s",
+            "scrape_timeout": f"{SCRAPE_INTERVAL_S}s",
+            "evaluation_interval": "1s",
+        },
+        "rule_files": [str(RULES)],
+        "scrape_configs": [
+            {
+                "job_name": "gpuscope",
+                "honor_labels": True,  # as the PodMonitor and docs/deploy.md's job
+                "static_configs": [
+                    {"targets": [address], "labels": {"node": node}}
+                    for node, address in targets.items()
+                ],
+            }
+        ],
+    }
+    (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
+    log = tmp / "prometheus.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [
+                binary,
+                f"--config.file={tmp / 'prometheus.yml'}",
+                f"--storage.tsdb.path={tmp / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--log.level=warn",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    prom = Prometheus(f"http://127.0.0.1:{port}", proc, log)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"prometheus exited {proc.returncode}:\n{prom.logs()}")
+        with (
+            contextlib.suppress(OSError),
+            urllib.request.urlopen(prom.url + "/-/ready", timeout=1) as resp,
+        ):
+            if resp.status == 200:
+                prom.started = time.time()
+                return prom
+        time.sleep(0.1)
+    proc.kill()
+    pytest.fail(f"prometheus not ready after 20 s:\n{prom.logs()}")
+
+
+# --- the node -------------------------------------------------------------------------------
+
+
+@dataclass
+class NodeUnderTest:
+    targets: dict[str, str]  # node label -> host:port to scrape
+    sim: SimNode
+    fake: FakeNvml
+    agent: AgentProcess
+    provoke_later: Callable[[], None]  # once Prometheus has seen the counters' start
+    provoked: dict[str, dict[str, str]]  # alert -> labels one of its series must carry
+    not_provoked: dict[str, str]  # alert -> why the fakes cannot drive it
+
+
+@contextlib.contextmanager
+def packet_loss(port: int, one_in: int) -> Iterator[bool]:
+    """Drop one in `one_in` loopback packets to `port` (nftables); False if nft is missing."""
+    nft = shutil.which("nft")
+    table = f"gpuscope_e2e_{os.getpid()}"
+    if nft is None:
+        yield False
+        return
+    script = (
+        f"add table inet {table}\n"
+        f"add chain inet {table} input {{ type filter hook input priority 0 ; }}\n"
+        f'add rule inet {table} input iifname "lo" tcp dport {port} '
+        f"numgen random mod {one_in} == 0 drop\n"
+    )
+    proc = subprocess.run([nft, "-f", "-"], input=script, text=True, capture_output=True)
+    try:
+        yield proc.returncode == 0
+    finally:
+        subprocess.run([nft, "delete", "table", "inet", table], capture_output=True)
+
+
+@pytest.fixture
+def gpu_node(
+    tmp_path: Path, agent_process: Callable[..., AgentProcess], sim_node: Callable[..., SimNode]
+) -> Iterator[NodeUnderTest]:
+    """The simulated node (tests/doubles/simnode.py) with issue #4's training scenario plus a
+    second, slower rank of the PyTorchJob on GPU 7, steady traffic, and the fakes' failure
+    states."""
+    sim = sim_node(SIM_NODE)  # on real time: the agent's sampler runs
+    fake = sim.fake
+    sysfs = write_tree(tmp_path / "sys")  # NICs and RDMA ports matching the dgx-h100 GPUs
+    training_scenario(sim)
+    ns, name = STRAGGLER_POD.split("/")
+    sim.add_pod(
+        ns, name,
+        containers=[ContainerSpec("pytorch", gpus=[7], gpu_memory_bytes=40 * GIB, sm_util=35)],
+        labels={
+            "training.kubeflow.org/job-name": "llama-ft",
+            "training.kubeflow.org/operator-name": "pytorchjob-controller",
+            "training.kubeflow.org/replica-type": "worker",
+            "training.kubeflow.org/replica-index": "1",
+        },
+        owners=[owner_reference("PyTorchJob", "llama-ft", api_version="kubeflow.org/v1")],
+    )  # fmt: skip
+    ns, name = NB_ALICE_POD.split("/")
+    sim.set_usage(ns, name, sm_util=0)  # GPU 6 (alice and bob) allocated and idle
+    sim.wait_traffic()
+    sim.start_traffic(WORKER_POD, EVAL_POD, rate=4e6)
+    sim.start_traffic(EVAL_POD, NB_ALICE_POD, rate=1e6)
+    worker_port = sim.pods[WORKER_POD].port
+    assert worker_port is not None
+    with packet_loss(worker_port, one_in=4) as lossy:
+        # Small paced sends (10 kB every 0.1 s) on a path losing a quarter of its packets.
+        sim.start_traffic(STRAGGLER_POD, WORKER_POD, rate=1e5)
+        with fake.batch():
+            fake.set_pcie_link(0, width=8)  # GPU 0 busy (93 %) on x8 of x16
+            fake.set_nvlink_up(1, 2, False)
+            fake.set_temperature(2, 95)
+            fake.set_throttle_reasons(2, 0x20)  # sw_thermal
+            fake.set_remapped_rows(4, 3, 1, pending=False, failure=True)
+            fake.set_remapped_rows(6, 1, 0, pending=True, failure=False)
+        agent = agent_process(
+            *sim_node_args(sim), "--sysfs", str(sysfs), "--cgroup-root", str(cgroup_v2_root()),
+            env=fake.env(),
+        )  # fmt: skip
+        broken = agent_process(
+            "--collectors", "gpu", "--labels-mode", "none",
+            env={"LD_LIBRARY_PATH": "/nonexistent"},
+        )  # fmt: skip
+        stop = threading.Event()
+
+        def errors_keep_coming() -> None:
+            while not stop.wait(1.0):
+                fake.add_nvlink_errors(1, 0, "crc_flit", 3)
+
+        def provoke_later() -> None:
+            fake.lose_gpu(3)  # while running: a GPU lost before the agent starts has no UUID
+            fake.inject_xid(4, CRITICAL_XID)
+            fake.inject_xid(5, OTHER_XID)
+            threading.Thread(target=errors_keep_coming, daemon=True).start()
+
+        targets = {
+            SIM_NODE: f"127.0.0.1:{agent.port}",
+            BROKEN_NODE: f"127.0.0.1:{broken.port}",
+            GONE_NODE: f"127.0.0.1:{free_port()}",
+        }
+        provoked, not_provoked = dict(PROVOKED), dict(NOT_PROVOKED)
+        if not lossy:
+            del provoked["PodTCPRetransmitRatioHigh"]
+            not_provoked["PodTCPRetransmitRatioHigh"] = "nft could not add packet loss"
+        try:
+            yield NodeUnderTest(targets, sim, fake, agent, provoke_later, provoked, not_provoked)
+        finally:
+            stop.set()
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path, gpu_node: NodeUnderTest) -> Iterator[Prometheus]:
+    prom = start_prometheus(tmp_path / "prometheus", gpu_node.targets)
+    yield prom
+    prom.proc.terminate()
+    try:
+        prom.proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        prom.proc.kill()
+
+
+# --- the checks -----------------------------------------------------------------------------
+
+
+def _finite(result: list[dict[str, Any]]) -> bool:
+    return any(math.isfinite(float(s["value"][1])) for s in result)
+
+
+def _why_empty(prom: Prometheus, expr: str) -> str:
+    absent = []
+    for metric, _labels in selectors(expr):
+        if metric and not prom.query(f"count({metric})"):
+            absent.append(metric)
+    return f"no series ({'absent: ' + ', '.join(absent) if absent else 'all metrics present'})"
+
+
+@dataclass
+class Checks:
+    prom: Prometheus
+    failures: dict[str, str] = field(default_factory=dict)
+
+    def expect(self, where: str, expr: str, *, finite: bool = False) -> list[dict[str, Any]]:
+        try:
+            result = self.prom.query(expr)
+        except PromQLError as err:
+            self.failures[where] = f"error: {err}\n      {expr}"
+            return []
+        if not result:
+            self.failures[where] = f"{_why_empty(self.prom, expr)}\n      {expr}"
+        elif finite and not _finite(result):
+            self.failures[where] = f"only NaN/Inf values\n      {expr}"
+        return result
+
+
+def template_values(
+    prom: Prometheus, elapsed: float
+) -> tuple[dict[str, dict[str, str]], list[str]]:
+    """Each dashboard's variable values, read from the data as Grafana would, or problems."""
+    problems = []
+    nodes = prom.series_labels("gpuscope_gpu_info", "node")
+    if nodes != [SIM_NODE]:
+        problems.append(f"label_values(gpuscope_gpu_info, node) = {nodes}")
+    # The training job: the workload with the most pods (llama-ft: two ranks).
+    top = prom.query("topk(1, count by (namespace, workload) (gpuscope_pod_info))")
+    namespace, workload = (
+        (top[0]["metric"].get("namespace", ""), top[0]["metric"].get("workload", ""))
+        if top
+        else ("", "")
+    )
+    if not workload:
+        problems.append("no workload in gpuscope_pod_info")
+    common = {
+        "__rate_interval": RATE_INTERVAL,
+        "__interval": f"{SCRAPE_INTERVAL_S}s",
+        "__range": f"{max(int(elapsed), 2)}s",
+    }
+    values = {
+        "gpu-fleet": common,
+        "node": {**common, "node": nodes[0] if nodes else SIM_NODE, "gpu": ".*"},
+        "training-job": {**common, "namespace": namespace, "workload": workload},
+        "network": {**common, "node": ".*", "namespace": ".*"},
+    }
+    return values, problems
+
+
+def check_dashboards(checks: Checks, values: dict[str, dict[str, str]]) -> None:
+    for q in all_queries():
+        vals = values[q.dashboard]
+        if q.kind == "variable":
+            check_variable(checks, q, vals)
+            continue
+        checks.expect(q.where, substitute(q.expr, vals), finite=True)
+
+
+def check_variable(checks: Checks, q: Query, vals: dict[str, str]) -> None:
+    parsed = label_values_query(q.expr)
+    assert parsed, q
+    selector, label = parsed
+    found = checks.prom.series_labels(substitute(selector, vals), label)
+    chosen = vals.get(q.panel.removeprefix("variable "), "")
+    if not found:
+        checks.failures[q.where] = f"no values\n      {q.expr}"
+    elif chosen not in found and chosen != ".*":
+        checks.failures[q.where] = f"{chosen!r} not among {found}"
+
+
+def check_rules(checks: Checks, node: NodeUnderTest) -> None:
+    for rule in recording_rules():
+        name = rule["record"]
+        if name in THRESHOLDED_RECORDING:
+            checks.expect(f"recording rule {name}: comparisons made bool", relaxed(rule["expr"]))
+            continue
+        checks.expect(f"recording rule {name}: expression", rule["expr"])
+        checks.expect(f"recording rule {name}: recorded series", name)
+    for rule in alerting_rules():
+        where = f"alert {rule['alert']} {rule.get('labels', {})}"
+        checks.expect(f"{where}: comparisons made bool", relaxed(rule["expr"]))
+    for name, labels in node.provoked.items():
+        variants = [r["expr"] for r in alerting_rules() if r["alert"] == name]
+        results = []
+        for expr in variants:
+            with contextlib.suppress(PromQLError):
+                results += checks.prom.query(shortened(expr))
+        if not any(labels.items() <= s["metric"].items() for s in results):
+            got = [s["metric"] for s in results]
+            checks.failures[f"alert {name}: as written, {SHORT_WINDOW} windows"] = (
+                f"no series with {labels}; got {got}"
+            )
+    for name, labels in node.provoked.items():
+        if name in NOT_IN_PROMETHEUS_STATE:
+            continue
+        alerts = checks.prom.query(f'ALERTS{{alertname="{name}"}}')
+        if not any(labels.items() <= s["metric"].items() for s in alerts):
+            got = [s["metric"] for s in alerts]
+            checks.failures[f"alert {name}: pending or firing in Prometheus"] = (
+                f"no alert with {labels}; got {got}"
+            )
+    groups = checks.prom.get("/api/v1/rules")["groups"]
+    for group in groups:
+        for rule in group["rules"]:
+            if rule.get("health") != "ok":
+                checks.failures[f"rule {rule['name']}: health"] = (
+                    f"{rule.get('health')}: {rule.get('lastError')}"
+                )
+    loaded = sum(len(g["rules"]) for g in groups)
+    if loaded != len(recording_rules()) + len(alerting_rules()):
+        checks.failures["rules loaded"] = f"{loaded} rules in Prometheus"
+
+
+def test_every_dashboard_query_and_rule_returns_data(
+    gpu_node: NodeUnderTest, prometheus: Prometheus
+) -> None:
+    # Let Prometheus see the counters before they move, then provoke the events.
+    deadline = time.monotonic() + 15
+    while not prometheus.query(f'gpuscope_gpu_up{{node="{SIM_NODE}"}}'):
+        assert time.monotonic() < deadline, f"no scrape of the agent:\n{prometheus.logs()}"
+        time.sleep(0.2)
+    time.sleep(2 * SCRAPE_INTERVAL_S)
+    gpu_node.provoke_later()
+
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    while True:
+        time.sleep(1)
+        checks = Checks(prometheus)
+        values, problems = template_values(prometheus, time.time() - prometheus.started)
+        for i, p in enumerate(problems):
+            checks.failures[f"template values {i}"] = p
+        check_dashboards(checks, values)
+        check_rules(checks, gpu_node)
+        if not checks.failures or time.monotonic() > deadline:
+            break
+    report = "\n".join(f"  {where}: {why}" for where, why in sorted(checks.failures.items()))
+    not_provoked = "\n".join(f"  {k}: {v}" for k, v in gpu_node.not_provoked.items())
+    print(f"\nAlerts not provoked (checked with comparisons made bool only):\n{not_provoked}")
+    assert not checks.failures, (
+        f"{len(checks.failures)} check(s) failed:\n{report}\n"
+        f"template values: {json.dumps(values)}\n"
+        f"agent log (tail):\n{gpu_node.agent.logs()[-3000:]}"
+    )

@@ -1,0 +1,91 @@
+"""Golden /metrics for each fake node profile.
+
+Each profile runs a short scripted workload on a frozen clock, so the output is exact apart
+from what varies by design (collection durations, the Python version), which is normalized.
+After an intended change, regenerate with `make golden-update` (GPUSCOPE_UPDATE_GOLDEN=1) and
+review the diff like code.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from tests.support import GOLDEN_DIR, wait_for
+
+PROFILES = ["dgx-h100", "hgx-a100-mig", "pcie-l40s", "mixed"]
+UPDATE = os.environ.get("GPUSCOPE_UPDATE_GOLDEN") == "1"
+
+
+def normalize(text: str) -> str:
+    text = re.sub(r"^(gpuscope_collector_duration_seconds\{[^}]*\}) .*$", r"\1 0", text, flags=re.M)
+    return re.sub(r'python_version="[^"]*"', 'python_version="X"', text)
+
+
+def scripted(h) -> str:
+    """The same small workload on every profile: one busy GPU, one half busy, one XID."""
+    h.fake.set_utilization(0, 95, 60)
+    h.fake.set_memory_used(0, 30 * 2**30)
+    h.fake.set_utilization_pattern(1, [(2.0, 50.0, 20.0), (2.0, 0.0, 0.0)])
+    h.fake.add_ecc_errors(1, corrected=2)
+    h.fake.inject_xid(1, 31)
+    h.advance(8)
+    wait_for(lambda: "gpuscope_gpu_xid_errors_total{" in h.scrape_text(), what="XID counted")
+    return normalize(h.scrape_text())
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_metrics_match_golden(inprocess, profile: str) -> None:
+    text = scripted(inprocess(profile))
+    path = GOLDEN_DIR / f"{profile}.prom"
+    if UPDATE:
+        path.write_text(text)
+    assert path.exists(), f"no golden file {path}: run `make golden-update`"
+    expected = path.read_text()
+    if text != expected:
+        import difflib
+
+        diff = "".join(
+            difflib.unified_diff(
+                expected.splitlines(True), text.splitlines(True), "golden", "actual", n=1
+            )
+        )
+        pytest.fail(f"/metrics differs from {path.name} (make golden-update if intended):\n{diff}")
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_golden_passes_promtool(profile: str) -> None:
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool missing: scripts/install-deps.sh installs Debian's prometheus"
+    text = (GOLDEN_DIR / f"{profile}.prom").read_text()
+    result = subprocess.run(
+        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0 and not (result.stdout + result.stderr).strip(), (
+        result.stdout + result.stderr
+    )
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_fast_text_renderer_writes_exactly_what_prometheus_client_writes(
+    inprocess, profile: str
+) -> None:
+    from prometheus_client import generate_latest
+
+    h = inprocess(profile)
+    h.fake.set_utilization(0, 42)
+    h.advance(3)
+    families = h.agent.collector.families()
+    # Adversarial label values: escaping must match too.
+    families.add("gpuscope_collector_success", ('we"ird\\name\nwith newline',), 1)
+    families.add("gpuscope_collector_duration_seconds", ("big",), 123456789.5)
+
+    class Fixed:
+        def collect(self):
+            return families.metrics()
+
+    assert families.render_text() == generate_latest(Fixed())  # type: ignore[arg-type]

@@ -1,0 +1,55 @@
+"""The sampler turns utilization into busy seconds: rate() of the counter must be the true
+average utilization over any window, whatever the tick or scrape interval (on the fake NVML;
+the integrators on literal numbers are tests/unit/gpu/test_integrators.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+# A training-like pattern: compute bursts, an all-reduce stall, a data-loading gap.
+PATTERN = [(7.0, 90.0, 40.0), (5.0, 0.0, 0.0), (11.0, 35.0, 10.0), (3.0, 100.0, 80.0)]
+
+
+@pytest.mark.parametrize("step", [1.0, 0.4, 2.5, 15.0])
+def test_busy_seconds_match_true_integral_over_60_seconds(inprocess, step: float) -> None:
+    h = inprocess("dgx-h100")
+    start = h.fake.now
+    h.fake.set_utilization_pattern(0, PATTERN)
+    h.advance(60, step=step)
+
+    busy = h.scrape().value("gpuscope_gpu_busy_seconds_total", gpu="0")
+    truth = h.fake.true_busy_seconds(0, start, h.fake.now)
+
+    assert truth > 20  # the pattern is far from idle: a 1% bound means something
+    assert busy == pytest.approx(truth, rel=0.01)
+
+
+def test_idle_gpu_accumulates_nothing_and_keeps_no_last_active(inprocess) -> None:
+    h = inprocess("dgx-h100")
+    h.fake.set_utilization(1, 0)
+    h.advance(30)
+    metrics = h.scrape()
+    assert metrics.value("gpuscope_gpu_busy_seconds_total", gpu="1") == 0
+    assert metrics.get("gpuscope_gpu_last_active_timestamp_seconds", gpu="1") is None
+
+
+def test_last_active_is_the_last_busy_sample_not_the_scrape(inprocess) -> None:
+    h = inprocess("dgx-h100")
+    h.fake.set_utilization_pattern(2, [(10.0, 50.0, 10.0), (50.0, 0.0, 0.0)], repeat=False)
+    busy_until = h.fake.now + 10
+    h.advance(40)
+    last = h.scrape().value("gpuscope_gpu_last_active_timestamp_seconds", gpu="2")
+    # A sample covers the period before its timestamp, so the last busy one may end up to
+    # one sample period (1/6 s on H100) after the work stopped.
+    period = h.fake.sample_period
+    assert busy_until - period <= last <= busy_until + period
+
+
+def test_idle_threshold_ignores_light_background_load(inprocess) -> None:
+    h = inprocess("dgx-h100", "--idle-threshold", "0.05")
+    h.fake.set_utilization(3, 3)  # a monitoring probe, not a training job
+    h.advance(10)
+    assert h.scrape().get("gpuscope_gpu_last_active_timestamp_seconds", gpu="3") is None
+    h.fake.set_utilization(3, 60)
+    h.advance(2)
+    assert h.scrape().value("gpuscope_gpu_last_active_timestamp_seconds", gpu="3") > 0

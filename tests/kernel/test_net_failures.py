@@ -1,0 +1,118 @@
+"""When the eBPF probes cannot load, the network collector says why in one line and every
+other collector keeps working; a GPU-only agent never loads bcc."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.doubles.fakenvml.control import FakeNvml
+from tests.support import GPUSCOPE, HEADERS, REPO, AgentProcess, free_port
+
+pytestmark = [pytest.mark.kernel, pytest.mark.e2e]
+ROOT = pytest.mark.root(reason="the agent loads eBPF probes; capsh drops capabilities")
+
+
+def start_agent(
+    tmp_path: Path, args: list[str], env: dict[str, str], *, drop_caps: str = ""
+) -> AgentProcess:
+    port = free_port()
+    log_path = tmp_path / "agent.log"
+    full = [*GPUSCOPE, *args, "--listen", f"127.0.0.1:{port}"]
+    if drop_caps:
+        full = ["capsh", f"--drop={drop_caps}", "--", "-c", f"exec {shlex.join(full)}"]
+    with log_path.open("w") as log_file:
+        proc = subprocess.Popen(
+            full, cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT, text=True
+        )
+    agent = AgentProcess(proc=proc, port=port, log_path=log_path)
+    agent.wait_ready(timeout=60)
+    return agent
+
+
+def fake_env(tmp_path: Path) -> dict[str, str]:
+    fake = FakeNvml("pcie-l40s", tmp_path / "state")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUSCOPE_", "BCC_"))}
+    return env | fake.env() | {"PYTHONUNBUFFERED": "1"}
+
+
+def failing_line(agent: AgentProcess) -> str:
+    lines = [line for line in agent.logs().splitlines() if "collector net failed" in line]
+    assert len(lines) == 1, agent.logs()
+    return lines[0]
+
+
+@ROOT
+def test_without_cap_bpf_the_net_collector_fails_and_the_gpu_collector_works(
+    fake_lib, tmp_path: Path
+) -> None:
+    args = ["--collectors", "gpu,net", "--kernel-headers", str(HEADERS)]
+    agent = start_agent(
+        tmp_path, args, fake_env(tmp_path), drop_caps="cap_bpf,cap_perfmon,cap_sys_admin"
+    )
+    try:
+        m = agent.scrape()
+        assert m.value("gpuscope_collector_success", collector="net") == 0
+        assert m.value("gpuscope_collector_success", collector="gpu") == 1
+        assert len(m.series("gpuscope_gpu_up")) == 4
+        line = failing_line(agent)
+        assert "missing capabilities CAP_BPF, CAP_PERFMON (or CAP_SYS_ADMIN)" in line
+    finally:
+        assert agent.stop() == 0
+
+
+@ROOT
+def test_without_a_kernel_header_tree_the_net_collector_says_where_it_looked(
+    fake_lib, tmp_path: Path
+) -> None:
+    args = ["--collectors", "gpu,net", "--kernel-modules", str(tmp_path / "modules"),
+            "--kernel-headers", str(tmp_path / "headers")]  # fmt: skip
+    agent = start_agent(tmp_path, args, fake_env(tmp_path))
+    try:
+        m = agent.scrape()
+        assert m.value("gpuscope_collector_success", collector="net") == 0
+        assert m.value("gpuscope_collector_success", collector="gpu") == 1
+        line = failing_line(agent)
+        assert "no kernel header tree: looked at $BCC_KERNEL_SOURCE" in line
+        assert str(tmp_path / "headers") in line
+    finally:
+        assert agent.stop() == 0
+
+
+@ROOT
+def test_net_collector_loads_and_serves_pod_series_in_the_real_binary(
+    fake_lib, tmp_path: Path
+) -> None:
+    args = ["--collectors", "gpu,net", "--kernel-headers", str(HEADERS)]
+    agent = start_agent(tmp_path, args, fake_env(tmp_path))
+    try:
+        agent.get("/metrics")  # some host traffic of our own
+        time.sleep(0.2)
+        m = agent.scrape()
+        assert m.value("gpuscope_collector_success", collector="net") == 1
+        modes = m.by_label("gpuscope_bpf_probe_info", "mode")
+        assert set(modes) == {"tracepoint"}
+        assert m.value("gpuscope_pod_network_receive_bytes_total", pod_uid="", protocol="tcp") > 0
+    finally:
+        assert agent.stop() == 0
+
+
+def test_a_gpu_only_agent_never_imports_bcc() -> None:
+    code = (
+        "import sys; from agent.app import Agent; from agent.config import parse;"
+        "a = Agent(parse(['--listen', ':0', '--collectors', 'gpu,nic,rdma'], env={}));"
+        "a.start(); a.collector.render_text(); a.stop();"
+        "print('bcc' in sys.modules)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+        check=True, timeout=60,
+    ).stdout  # fmt: skip
+    assert out.strip().splitlines()[-1] == "False"

@@ -1,0 +1,32 @@
+"""Helpers for the nic and rdma tests: rendering records and checking them with promtool."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Callable
+from typing import Any
+
+from gpuscope.exporters.prometheus.families import Families
+from tests.support.promtext import Exposition
+
+
+def render(renderer: Callable[[Any, Families], None], records: object) -> str:
+    out = Families()
+    renderer(records, out)
+    return out.render_text().decode()
+
+
+def scrape(renderer: Callable[[Any, Families], None], records: object) -> Exposition:
+    return Exposition(render(renderer, records))
+
+
+def promtool_check(text: str) -> None:
+    """`promtool check metrics` must accept the text and have nothing to say about it."""
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool missing: scripts/install-deps.sh installs Debian's prometheus"
+    result = subprocess.run(
+        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False
+    )
+    output = (result.stdout + result.stderr).strip()
+    assert result.returncode == 0 and not output, output

@@ -1,0 +1,112 @@
+"""The command line: flags, GPUSCOPE_* variables, and one-line errors with non-zero exits."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gpuscope.agent.config import ConfigError, parse
+from tests.support import GPUSCOPE, REPO
+
+
+def run(*args: str, timeout: float = 20) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*GPUSCOPE, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def test_defaults() -> None:
+    c = parse([], env={"NODE_NAME": "gpu-node-7"})
+    assert (c.listen_host, c.listen_port) == ("", 9400)
+    assert c.sample_interval == 1.0
+    assert c.collectors == ("gpu", "net", "nic", "rdma", "kubelet", "pods")
+    assert c.node_name == "gpu-node-7"
+    assert (c.log_format, c.log_level) == ("text", "info")
+    assert (c.procfs, c.sysfs) == (Path("/proc"), Path("/sys"))
+    assert c.idle_threshold == 0.0
+    assert c.nvlink_per_link is False
+
+
+def test_environment_variables_and_flags_override_them() -> None:
+    env = {
+        "GPUSCOPE_LISTEN": "127.0.0.1:9500",
+        "GPUSCOPE_SAMPLE_INTERVAL": "0.5",
+        "GPUSCOPE_LOG_FORMAT": "json",
+        "GPUSCOPE_SYSFS": "/host/sys",
+        "GPUSCOPE_NVLINK_PER_LINK": "true",
+        "NODE_NAME": "from-downward-api",
+    }
+    c = parse(["--sample-interval", "2", "--node-name", "explicit"], env=env)
+    assert (c.listen_host, c.listen_port) == ("127.0.0.1", 9500)
+    assert c.sample_interval == 2.0
+    assert c.log_format == "json"
+    assert c.sysfs == Path("/host/sys")
+    assert c.nvlink_per_link is True
+    assert c.node_name == "explicit"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--listen", "nowhere"], "--listen: expected [HOST]:PORT, got 'nowhere'"),
+        (["--listen", ":http"], "--listen: port must be a number, got 'http'"),
+        (["--listen", ":70000"], "--listen: port must be 0-65535, got 70000"),
+        (["--sample-interval", "fast"], "--sample-interval: expected a number, got 'fast'"),
+        (["--sample-interval", "0"], "--sample-interval: expected 0.05 to 60 seconds, got 0"),
+        (["--idle-threshold", "5"], "--idle-threshold: expected a ratio from 0 to below 1, got 5"),
+        (
+            ["--collectors", "gpu,dcgm"],
+            "--collectors: unknown collector 'dcgm' "
+            "(available: gpu, net, nic, rdma, kubelet, pods)",
+        ),
+        (["--log-format", "xml"], "--log-format: expected json or text, got 'xml'"),
+        (["--nvlink-per-link", "maybe"], "--nvlink-per-link: expected true or false, got 'maybe'"),
+    ],
+)
+def test_bad_values_are_one_clear_line(args: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse(args, env={})
+    assert str(err.value) == message
+
+
+def test_bad_flag_exits_2_with_one_line() -> None:
+    result = run("--sample-interval", "-1")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "gpuscope: --sample-interval: expected 0.05 to 60 seconds, got -1"
+    ]
+
+
+def test_bad_environment_value_exits_2() -> None:
+    result = subprocess.run(
+        [*GPUSCOPE],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={"GPUSCOPE_LOG_LEVEL": "chatty", "PATH": "/usr/bin:/bin"},
+        timeout=20,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "--log-level: expected debug, info, warning or error, got 'chatty'" in result.stderr
+
+
+def test_port_already_in_use_exits_1_with_one_line() -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = run("--listen", f"127.0.0.1:{port}")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        f"gpuscope: cannot listen on 127.0.0.1:{port}: address already in use"
+    ]
+
+
+def test_unknown_flag_is_a_usage_error() -> None:
+    result = run("--gpu-only")
+    assert result.returncode == 2
+    assert "unrecognized arguments: --gpu-only" in result.stderr

@@ -1,0 +1,139 @@
+"""One failing source never fails the scrape; its failure is visible and logged once."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from prometheus_client import generate_latest
+
+from gpuscope.agent.app import Agent
+from gpuscope.agent.clock import ManualClock
+from gpuscope.agent.config import parse
+from gpuscope.agent.sources import SourceUnavailable
+from tests.support.promtext import Exposition
+
+
+class Flaky:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.error: Exception | None = None
+        self.started = 0
+
+    def start(self) -> None:
+        self.started += 1
+
+    def collect(self) -> object:
+        if self.error is not None:
+            raise self.error
+        return object()
+
+    def stop(self) -> None:
+        pass
+
+
+class NeverStarts(Flaky):
+    """Fails to start until `installed` is set (a driver or mount appears later)."""
+
+    installed = False
+
+    def start(self) -> None:
+        self.started += 1
+        if not self.installed:
+            raise SourceUnavailable("no tracefs mounted at /sys/kernel/tracing")
+
+
+def scrape(agent: Agent) -> Exposition:
+    return Exposition(generate_latest(agent.registry).decode())
+
+
+def make(*sources: Flaky, clock: ManualClock | None = None) -> Agent:
+    agent = Agent(parse(["--listen", ":0"], env={}), sources=list(sources), clock=clock)
+    agent.start()
+    return agent
+
+
+def test_failing_source_reports_zero_and_others_keep_working(caplog) -> None:
+    good, bad = Flaky("good"), NeverStarts("bad")
+    clock = ManualClock()
+    agent = make(good, bad, clock=clock)
+    with caplog.at_level(logging.INFO, logger="gpuscope.sources"):
+        for _ in range(5):
+            m = scrape(agent)
+            assert m.value("gpuscope_collector_success", collector="good") == 1
+            assert m.value("gpuscope_collector_success", collector="bad") == 0
+            assert m.value("gpuscope_collector_duration_seconds", collector="bad") >= 0
+    errors = [r for r in caplog.records if "collector bad failed" in r.getMessage()]
+    assert len(errors) <= 1  # logged only on change; the first one during start()
+    # Retried with backoff, not on every scrape: the host may gain the feature later.
+    assert bad.started == 1
+    for wait, expected in ((10, 2), (10, 2), (10, 3), (40, 4)):
+        clock.advance(wait)
+        scrape(agent)
+        assert bad.started == expected
+
+
+def test_a_source_that_starts_late_is_picked_up() -> None:
+    late = NeverStarts("late")
+    clock = ManualClock()
+    agent = make(late, clock=clock)
+    assert scrape(agent).value("gpuscope_collector_success", collector="late") == 0
+    late.installed = True
+    clock.advance(10)
+    assert scrape(agent).value("gpuscope_collector_success", collector="late") == 1
+
+
+def test_errors_are_logged_once_per_change_of_state(caplog) -> None:
+    flaky = Flaky("flaky")
+    agent = make(flaky)
+    with caplog.at_level(logging.INFO, logger="gpuscope.sources"):
+        flaky.error = RuntimeError("device busy")
+        for _ in range(3):
+            scrape(agent)
+        flaky.error = RuntimeError("device gone")
+        scrape(agent)
+        flaky.error = None
+        scrape(agent)
+        scrape(agent)
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages == [
+        "collector flaky failed: RuntimeError: device busy",
+        "collector flaky failed: RuntimeError: device gone",
+        "collector flaky recovered",
+    ]
+
+
+def test_a_renderer_bug_fails_only_its_collector(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gpuscope.exporters.prometheus.collector as collector
+
+    def broken(records: object, out: object) -> None:
+        raise KeyError("oops")
+
+    monkeypatch.setitem(collector.RENDERERS, "gpu", broken)  # type: ignore[arg-type]
+    gpu, other = Flaky("gpu"), Flaky("other")
+    agent = Agent(parse(["--listen", ":0"], env={}), sources=[gpu, other])
+    agent.start()
+    m = scrape(agent)
+    assert m.value("gpuscope_collector_success", collector="gpu") == 0
+    assert m.value("gpuscope_collector_success", collector="other") == 1
+    assert m.get("gpuscope_build_info") == 1
+
+
+def test_a_missing_python_dependency_fails_only_its_collector(monkeypatch, caplog) -> None:
+    """grpc absent (a GPU check run from a bare checkout): the kubelet collector says so and
+    the others serve; the agent does not crash at start."""
+    import sys
+
+    # A None entry in sys.modules makes the import raise ImportError.
+    monkeypatch.setitem(sys.modules, "gpuscope.agent.k8s.kubelet_source", None)
+    config = parse(["--listen", ":0", "--collectors", "kubelet,nic"])
+    agent = Agent(config, clock=ManualClock(0.0))
+    with caplog.at_level(logging.ERROR, logger="gpuscope.sources"):
+        agent.start()
+    m = Exposition(generate_latest(agent.registry).decode())
+    assert m.value("gpuscope_collector_success", collector="kubelet") == 0
+    assert m.value("gpuscope_collector_success", collector="nic") == 1
+    assert (
+        "collector kubelet failed: cannot import gpuscope.agent.k8s.kubelet_source" in caplog.text
+    )
+    agent.stop()

@@ -1,0 +1,77 @@
+"""docs/metrics.md is generated from the catalog, and the catalog is what is exported."""
+
+from __future__ import annotations
+
+import os
+import re
+
+from gpuscope.exporters.prometheus.catalog import METRICS
+from gpuscope.exporters.prometheus.docs import DOC_PATH, render_markdown
+from tests.support import GOLDEN_DIR
+
+# Exported only behind flags; their presence is tested in test_profiles.py.
+FLAG_ONLY = {
+    "gpuscope_gpu_nvlink_link_transmit_bytes_total",
+    "gpuscope_gpu_nvlink_link_receive_bytes_total",
+}
+
+
+def test_docs_match_catalog() -> None:
+    if os.environ.get("GPUSCOPE_UPDATE_GOLDEN") == "1":
+        DOC_PATH.write_text(render_markdown())
+    assert DOC_PATH.read_text() == render_markdown(), (
+        "docs/metrics.md is stale: run `python -m gpuscope.exporters.prometheus.docs --write`"
+    )
+
+
+def exported_names() -> set[str]:
+    names: set[str] = set()
+    for path in GOLDEN_DIR.glob("*.prom"):
+        text = path.read_text()
+        names |= set(re.findall(r"^# TYPE (\S+) (?:gauge|counter|histogram)", text, re.M))
+    return names
+
+
+def test_every_exported_metric_is_documented_and_every_documented_metric_is_exported() -> None:
+    families = {m.family_name: m.name for m in METRICS}
+    exported = {families.get(name, name) for name in exported_names()}
+    documented = {m.name for m in METRICS}
+    assert exported - documented == set()
+    assert documented - exported - FLAG_ONLY == set()
+
+
+def test_names_follow_the_unit_conventions() -> None:
+    units = ("_bytes", "_seconds", "_watts", "_joules", "_ratio", "_celsius", "_hertz")
+    for m in METRICS:
+        assert m.name.startswith("gpuscope_")
+        assert (m.kind == "counter") == m.name.endswith("_total"), m.name
+        assert not {"job", "instance", "node", "cluster"} & set(m.labels), m.name
+        for bad in ("_percent", "_mib", "_mhz", "_milli", "_kib", "_mw"):
+            assert bad not in m.name, m.name
+        if any(u in m.name for u in units):
+            continue
+        assert m.name.endswith(
+            (
+                "_info",
+                "_up",
+                "_total",
+                "_reasons",
+                "_generation",
+                "_width",
+                "_pending",
+                "_failure",
+                "_success",
+                "_active",
+                "_entries",
+                "_state",
+                "_allocated",
+            )
+        ), f"{m.name}: no base unit and not a state/info metric"
+
+
+def test_family_names_do_not_clash_in_openmetrics() -> None:
+    """OpenMetrics names a counter's family without `_total`: a gauge `x_seconds` and a
+    counter `x_seconds_total` would be two families called `x_seconds`, and Prometheus, which
+    asks for OpenMetrics first, would refuse the whole scrape."""
+    families = [m.family_name for m in METRICS]
+    assert len(families) == len(set(families)), sorted(f for f in families if families.count(f) > 1)
