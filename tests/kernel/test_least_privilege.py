@@ -15,6 +15,8 @@ runs it).
 - The kernel agrees: loading the probes directly, without the agent's up-front check, fails
   without each capability. So the agent's check is not stricter than the kernel.
 - As a non-root user with the same capabilities, tracefs is out of reach: why runAsUser is 0.
+  That user runs copies of the agent and its dependencies in a world-readable directory, so
+  the checkout may sit where only root can enter (a CI clone under `mktemp -d`).
 
 Needs root, capsh (libcap2-bin), BPF and tracefs, like tests/kernel/test_net_kernel.py.
 """
@@ -22,6 +24,7 @@ Needs root, capsh (libcap2-bin), BPF and tracefs, like tests/kernel/test_net_ker
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import os
 import shutil
 import socket
@@ -35,8 +38,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
-from tests.doubles.fakenvml.control import FakeNvml
+from tests.doubles.fakenvml.control import LIB_PATH, FakeNvml
 from tests.support import REPO
 from tests.support.manifests import capabilities, render
 from tests.support.promtext import Exposition
@@ -158,6 +162,46 @@ def workdir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def _runtime_distributions(name: str) -> list[importlib.metadata.Distribution]:
+    """The installed distributions `name` needs at run time (its requirements, recursively;
+    no extras)."""
+    seen: dict[str, importlib.metadata.Distribution] = {}
+    todo = list(importlib.metadata.requires(name) or [])
+    while todo:
+        req = Requirement(todo.pop())
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        key = req.name.lower().replace("_", "-")
+        if key in seen:
+            continue
+        seen[key] = dist = importlib.metadata.distribution(req.name)
+        todo.extend(dist.requires or [])
+    return list(seen.values())
+
+
+def world_readable_install(workdir: Path) -> dict[str, str]:
+    """Copies, under the world-readable `workdir`, of what the agent needs to run as another
+    user, who may not be able to enter the checkout: the gpuscope package (links followed),
+    its installed runtime dependencies and the fake NVML library. Returns the environment
+    that points the system interpreter at them."""
+    site, lib = workdir / "site", workdir / "lib"
+    if not site.exists():
+        shutil.copytree(
+            REPO / "gpuscope", site / "gpuscope", ignore=shutil.ignore_patterns("__pycache__")
+        )
+        for dist in _runtime_distributions("gpuscope"):
+            for file in dist.files or []:
+                if ".." in file.parts or "__pycache__" in file.parts:
+                    continue  # console scripts outside site-packages; bytecode
+                (site / file).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(Path(str(dist.locate_file(file))), site / file)
+        lib.mkdir()
+        shutil.copy2(LIB_PATH, lib / LIB_PATH.name)
+        for path in (workdir, *workdir.rglob("*")):
+            path.chmod(0o755 if path.is_dir() else 0o644)
+    return {"PYTHONPATH": str(site), "LD_LIBRARY_PATH": str(lib)}
+
+
 @dataclass
 class Run:
     success: dict[str, float]
@@ -184,8 +228,12 @@ def run_agent(
     env |= fake.env() | {"PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1"}
     no_modules = workdir / "no-modules"  # force the image's tree: no /lib/modules/<release>
     no_modules.mkdir(exist_ok=True)
+    python, cwd = sys.executable, REPO
+    if uid != 0:  # the system interpreter on copies: nothing read from the checkout
+        python, cwd = os.path.realpath(sys.executable), workdir
+        env |= world_readable_install(workdir)
     cmd = [
-        sys.executable, "-m", "gpuscope",
+        python, "-m", "gpuscope",
         "--listen", f"127.0.0.1:{port}",
         "--collectors", ",".join(COLLECTORS),
         "--labels-mode", "none",
@@ -195,7 +243,7 @@ def run_agent(
     ]  # fmt: skip
     proc = subprocess.Popen(
         [*contained(keep, uid=uid), *cmd],
-        cwd=REPO,
+        cwd=cwd,
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
