@@ -57,10 +57,11 @@ typecheck: venv
 
 ## The test tiers (tests/README.md). Without root, kernel-tests and e2e skip what needs it
 ## (GPUSCOPE_REQUIRE_ROOT=1 makes those skips failures, as in CI).
-## unit: the tiers that need neither root nor the real agent: unit, integration, deploy.
+## unit: the quick tiers, no root: unit and deploy (about 20 s).
 unit: venv fakenvml
-	$(PY) -m pytest tests/unit tests/integration tests/deploy $(PYTEST_ARGS)
+	$(PY) -m pytest tests/unit tests/deploy $(PYTEST_ARGS)
 
+## integration: the agent in process on the fake NVML (about 25 s; no root either).
 integration: venv fakenvml
 	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
 
