@@ -78,11 +78,12 @@ deploy-tests: venv fakenvml
 test: lint typecheck fakenvml kernel
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-## Regenerate golden files, docs/metrics.md and the generated rules/dashboards manifests
-## after an intended change; review the diff.
+## Regenerate every golden file (expositions, labels), docs/metrics.md, the README's flag
+## table and the generated rules/dashboards manifests after an intended change; review the diff.
 golden-update: venv fakenvml
 	GPUSCOPE_UPDATE_GOLDEN=1 $(PY) -m pytest tests/integration/test_golden.py \
-		tests/unit/exporters/test_metrics_doc.py tests/deploy/test_deploy_assets.py
+		tests/integration/test_labels.py tests/unit/exporters tests/unit/net/test_rdma.py \
+		tests/unit/agent/test_registry.py tests/deploy/test_deploy_assets.py
 
 bench: venv fakenvml kernel
 	$(PY) bench/bench_gpu.py

@@ -33,6 +33,8 @@ import pytest
 import yaml
 
 from gpuscope.agent.config import Config, parse
+from gpuscope.agent.k8s.collector import KUBELET
+from gpuscope.agent.net.collector import NET
 from gpuscope.agent.net.ebpf import TRACEFS_CANDIDATES
 from tests.support import REPO
 from tests.support.manifests import KUSTOMIZATIONS, container, daemonset, find, render
@@ -145,25 +147,25 @@ def host_path(docs: list[dict[str, Any]], path: Path | str) -> str | None:
 def test_flags_parse_and_name_mounted_host_paths(kustomization: str) -> None:
     docs = render(kustomization)
     config = agent_config(docs)
-    assert config.node_name == "gpu-node-1" and config.namespace == "gpuscope"
-    assert host_path(docs, config.procfs) == "/proc"
-    assert host_path(docs, config.sysfs) == "/sys"
-    cgroup = config.cgroup_root or config.sysfs / "fs" / "cgroup"  # and unified/ under it
+    net = config.of(NET)
+    assert config.agent.node_name == "gpu-node-1" and config.labels.namespace == "gpuscope"
+    assert host_path(docs, config.agent.procfs) == "/proc"
+    assert host_path(docs, config.agent.sysfs) == "/sys"
+    cgroup = net.cgroup_root or config.agent.sysfs / "fs" / "cgroup"  # and unified/ under it
     assert host_path(docs, cgroup) == "/sys/fs/cgroup"
     # bcc itself reads /lib/modules/$(uname -r)/build, whose link points into /usr/src: both at
     # their host paths, whatever --kernel-modules says.
-    assert config.kernel_modules == Path("/lib/modules")
+    assert net.kernel_modules == Path("/lib/modules")
     assert host_path(docs, "/lib/modules") == "/lib/modules"
     assert host_path(docs, "/usr/src") == "/usr/src"
     # The image's fallback tree must not be hidden by a host mount.
-    assert host_path(docs, config.kernel_headers) is None
-    assert str(config.kernel_headers) == dockerfile_fallback_tree()
+    assert host_path(docs, net.kernel_headers) is None
+    assert str(net.kernel_headers) == dockerfile_fallback_tree()
     assert host_path(docs, TRACEFS_CANDIDATES[0]) == str(TRACEFS_CANDIDATES[0])
-    socket = getattr(config, "kubelet_socket", None)
-    assert socket is not None, "the agent has no --kubelet-socket flag"
+    socket = config.of(KUBELET).kubelet_socket
     assert host_path(docs, socket) == "/var/lib/kubelet/pod-resources/kubelet.sock"
     expected_mode = "none" if kustomization == "overlays/no-node-labels" else "node"
-    assert config.labels_mode == expected_mode
+    assert config.labels.labels_mode == expected_mode
 
 
 def test_host_mounts_are_read_only_and_tmp_is_scratch() -> None:
@@ -186,7 +188,7 @@ def test_security_context() -> None:
     assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
     assert sc["readOnlyRootFilesystem"] is True and sc["runAsUser"] == 0
     assert sc["capabilities"]["drop"] == ["ALL"]
-    # tests/test_least_privilege.py shows each one is needed and that together they suffice.
+    # tests/kernel/test_least_privilege.py shows each one is needed and that together they suffice.
     assert sorted(sc["capabilities"]["add"]) == ["BPF", "NET_ADMIN", "PERFMON"]
     assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
     (ns,) = find(docs, "Namespace")
@@ -209,8 +211,8 @@ def test_scheduling_probes_and_resources() -> None:
     ]
     assert all(t.get("key") for t in pod["tolerations"]), "no blanket toleration"
     (port,) = c["ports"]
-    assert port == {"name": "metrics", "containerPort": config.listen_port, "protocol": "TCP"}
-    assert config.listen_port == 9400 and config.listen_host in ("", "0.0.0.0")
+    assert port == {"name": "metrics", "containerPort": config.agent.listen[1], "protocol": "TCP"}
+    assert config.agent.listen[1] == 9400 and config.agent.listen[0] in ("", "0.0.0.0")
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     env = pod_env(c)
@@ -291,7 +293,7 @@ def test_no_node_labels_overlay_has_no_write_access() -> None:
     assert not find(docs, "ValidatingAdmissionPolicy")
     assert not find(docs, "ValidatingAdmissionPolicyBinding")
     assert not find(docs, "Role") and not find(docs, "RoleBinding")
-    assert agent_config(docs).labels_mode == "none"
+    assert agent_config(docs).labels.labels_mode == "none"
 
 
 # --- overlays -----------------------------------------------------------------------------
@@ -310,7 +312,7 @@ def test_plain_prometheus_overlay(tmp_path: Path) -> None:
     assert not [d for d in docs if d["apiVersion"].startswith("monitoring.coreos.com/")]
     annotations = daemonset(docs)["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/scrape"] == "true"
-    assert annotations["prometheus.io/port"] == str(agent_config(docs).listen_port)
+    assert annotations["prometheus.io/port"] == str(agent_config(docs).agent.listen[1])
     assert annotations["prometheus.io/path"] == "/metrics"
     (rules_cm,) = [
         d
@@ -517,7 +519,7 @@ def test_dockerfile_stages() -> None:
     assert final[-1] == 'ENTRYPOINT ["gpuscope"]'
     assert [line for line in final if line.startswith("USER")] == ["USER 0"]
     assert any(
-        f"ln -s {dockerfile_fallback_tree()} {parse([], env={}).kernel_headers}" in line
+        f"ln -s {dockerfile_fallback_tree()} {parse([], env={}).of(NET).kernel_headers}" in line
         for line in final
     ), "the agent's default --kernel-headers must exist in the image"
     labels = " ".join(line for line in final if line.startswith("LABEL"))

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpuscope.agent.config import ConfigError, parse
+from gpuscope.agent.gpu.collector import GPU
 from tests.support import GPUSCOPE, REPO
 
 
@@ -20,14 +21,14 @@ def run(*args: str, timeout: float = 20) -> subprocess.CompletedProcess[str]:
 
 def test_defaults() -> None:
     c = parse([], env={"NODE_NAME": "gpu-node-7"})
-    assert (c.listen_host, c.listen_port) == ("", 9400)
-    assert c.sample_interval == 1.0
+    assert c.agent.listen == ("", 9400)
+    assert c.of(GPU).sample_interval == 1.0
     assert c.collectors == ("gpu", "net", "nic", "rdma", "kubelet", "pods")
-    assert c.node_name == "gpu-node-7"
-    assert (c.log_format, c.log_level) == ("text", "info")
-    assert (c.procfs, c.sysfs) == (Path("/proc"), Path("/sys"))
-    assert c.idle_threshold == 0.0
-    assert c.nvlink_per_link is False
+    assert c.agent.node_name == "gpu-node-7"
+    assert (c.agent.log_format, c.agent.log_level) == ("text", "info")
+    assert (c.agent.procfs, c.agent.sysfs) == (Path("/proc"), Path("/sys"))
+    assert c.of(GPU).idle_threshold == 0.0
+    assert c.of(GPU).nvlink_per_link is False
 
 
 def test_environment_variables_and_flags_override_them() -> None:
@@ -40,12 +41,12 @@ def test_environment_variables_and_flags_override_them() -> None:
         "NODE_NAME": "from-downward-api",
     }
     c = parse(["--sample-interval", "2", "--node-name", "explicit"], env=env)
-    assert (c.listen_host, c.listen_port) == ("127.0.0.1", 9500)
-    assert c.sample_interval == 2.0
-    assert c.log_format == "json"
-    assert c.sysfs == Path("/host/sys")
-    assert c.nvlink_per_link is True
-    assert c.node_name == "explicit"
+    assert c.agent.listen == ("127.0.0.1", 9500)
+    assert c.of(GPU).sample_interval == 2.0
+    assert c.agent.log_format == "json"
+    assert c.agent.sysfs == Path("/host/sys")
+    assert c.of(GPU).nvlink_per_link is True
+    assert c.agent.node_name == "explicit"
 
 
 @pytest.mark.parametrize(

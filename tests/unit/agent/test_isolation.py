@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import logging
 
-import pytest
 from prometheus_client import generate_latest
 
 from gpuscope.agent.app import Agent
 from gpuscope.agent.clock import ManualClock
 from gpuscope.agent.config import parse
+from gpuscope.agent.gpu.collector import GPU
 from gpuscope.agent.sources import SourceUnavailable
+from gpuscope.exporters.prometheus.collector import GpuscopeCollector
+from gpuscope.exporters.prometheus.render import Renderer
 from tests.support.promtext import Exposition
 
 
@@ -103,18 +105,18 @@ def test_errors_are_logged_once_per_change_of_state(caplog) -> None:
     ]
 
 
-def test_a_renderer_bug_fails_only_its_collector(monkeypatch: pytest.MonkeyPatch) -> None:
-    import gpuscope.exporters.prometheus.collector as collector
-
-    def broken(records: object, out: object) -> None:
+def test_a_renderer_bug_fails_only_its_collector() -> None:
+    def broken(records: object, out: object, ctx: object) -> None:
         raise KeyError("oops")
 
-    monkeypatch.setitem(collector.RENDERERS, "gpu", broken)  # type: ignore[arg-type]
-    gpu, other = Flaky("gpu"), Flaky("other")
-    agent = Agent(parse(["--listen", ":0"], env={}), sources=[gpu, other])
+    config = parse(["--listen", ":0"], env={})
+    agent = Agent(config, sources=[Flaky("buggy"), Flaky("other")])
+    agent.registry.unregister(agent.collector)
+    renderers = {"buggy": Renderer(GPU, (), broken)}
+    agent.registry.register(GpuscopeCollector(agent.collect, config, renderers))
     agent.start()
     m = scrape(agent)
-    assert m.value("gpuscope_collector_success", collector="gpu") == 0
+    assert m.value("gpuscope_collector_success", collector="buggy") == 0
     assert m.value("gpuscope_collector_success", collector="other") == 1
     assert m.get("gpuscope_build_info") == 1
 

@@ -7,10 +7,13 @@ import os
 import shutil
 import subprocess
 
+from gpuscope.agent.attribution.records import Attribution, PodName
 from gpuscope.agent.net.bpf_program import RTT_SLOTS
-from gpuscope.agent.net.records import NetSnapshot, PodName, PodNetwork
+from gpuscope.agent.net.collector import NetOptions
+from gpuscope.agent.net.records import NetSnapshot, PodNetwork
 from gpuscope.exporters.prometheus.families import Families
 from gpuscope.exporters.prometheus.net import render_net
+from gpuscope.exporters.prometheus.render import RenderContext
 from tests.support import GOLDEN_DIR
 from tests.support.promtext import Exposition
 
@@ -59,13 +62,17 @@ SNAPSHOT = NetSnapshot(
     map_full={"traffic": 0, "sockets": 3, "tcp": 0, "rtt": 0},
     map_entries={"traffic": 6, "sockets": 12, "tcp": 2, "rtt": 4},
     map_max_entries={"traffic": 32768, "sockets": 262144, "tcp": 8192, "rtt": 131072},
-    names={UID: PodName("ml-team", "llama-ft-worker-0", "PyTorchJob", "llama-ft")},
+)
+# What the attribution stage adds: the pod's names, by UID.
+NAMED = RenderContext(
+    NetOptions(),
+    Attribution(pod_names={UID: PodName("ml-team", "llama-ft-worker-0", "PyTorchJob", "llama-ft")}),
 )
 
 
 def render() -> str:
     out = Families()
-    render_net(SNAPSHOT, out)
+    render_net(SNAPSHOT, out, NAMED)
     return out.render_text().decode()
 
 
@@ -110,7 +117,7 @@ def test_histogram_text_equals_prometheus_client() -> None:
     from prometheus_client import generate_latest
 
     out = Families()
-    render_net(SNAPSHOT, out)
+    render_net(SNAPSHOT, out, NAMED)
     out.add_histogram(
         "gpuscope_pod_tcp_rtt_seconds",
         ("ns", 'we"ird\\', "c\n1", "Job", "j", "c"),

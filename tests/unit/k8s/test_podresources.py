@@ -22,7 +22,7 @@ from gpuscope.agent.k8s.podresources import (
     match_gpus,
 )
 from gpuscope.agent.k8s.podresources.v1 import api_pb2
-from gpuscope.agent.sources import SourceUnavailable, _describe
+from gpuscope.agent.sources import SourceUnavailable, describe
 from tests.doubles.kubelet_server import KubeletServer, claim, container, devices, pod
 
 GPU0 = "GPU-8f2c1d90-3e5a-4b17-9c2e-5da9abb51763"
@@ -242,7 +242,7 @@ def test_socket_absent(tmp_path: Path) -> None:
     )
     # The agent's source runner logs SourceUnavailable messages verbatim.
     assert isinstance(caught.value, SourceUnavailable)
-    assert _describe(caught.value) == str(caught.value)
+    assert describe(caught.value) == str(caught.value)
 
 
 def test_kubelet_down_leaves_a_dead_socket(kubelet: KubeletServer) -> None:

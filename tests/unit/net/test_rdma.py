@@ -25,7 +25,6 @@ from gpuscope.agent.net.rdma import (
     read_rdma,
 )
 from gpuscope.agent.sources import SourceRunner, SourceUnavailable
-from gpuscope.exporters.prometheus.collector import RENDERERS, GpuscopeCollector
 from gpuscope.exporters.prometheus.families import Families
 from gpuscope.exporters.prometheus.net_devices import render_nic, render_rdma
 from tests.doubles.make_sysfs import MLX5_HW_COUNTERS, gpu_node
@@ -379,11 +378,6 @@ def test_agent_exports_both_collectors_from_the_fixture(tree: Path) -> None:
         parse(["--listen", ":0", "--sysfs", str(tree)], env={}),
         sources=[NicSource(tree), RdmaSource(tree)],
     )
-    agent.registry.unregister(agent.collector)
-    collector = GpuscopeCollector(
-        agent.runner.collect, {**RENDERERS, "nic": render_nic, "rdma": render_rdma}
-    )
-    agent.registry.register(collector)
     agent.start()
     try:
         text = generate_latest(agent.registry).decode()
