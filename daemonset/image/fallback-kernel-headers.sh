@@ -11,7 +11,7 @@
 # keeping only what bcc compiles against: include/, arch/x86/, .config and the Makefiles. The
 # kbuild scripts and tools and the other architectures' headers are left out (about 25 MB).
 # gpuscope's probes read only tracepoint arguments and BPF helpers, so a tree of another
-# kernel version works (docs/network.md); tests/test_deploy_manifests.py loads the probes
+# kernel version works (docs/network.md); tests/deploy/test_deploy_manifests.py loads the probes
 # against a tree built by this script.
 set -euo pipefail
 out=${1:?usage: fallback-kernel-headers.sh OUT [SRC]}
