@@ -4,7 +4,10 @@ Every NVML call the agent makes goes through `Nvml.query` or `Nvml.call`, so the
 policy lives here and nowhere else:
 
 * NOT_SUPPORTED / FUNCTION_NOT_FOUND: the device or driver lacks the feature. Quiet, the
-  value is `None` and its series is omitted (never exported as 0).
+  value is `None` and its series is omitted (never exported as 0). A function the pynvml
+  bindings themselves lack (older nvidia-ml-py releases) and pynvml's
+  `NVMLLibraryMismatchError` (an unversioned wrapper over a symbol the driver lacks) read
+  the same way: "not supported", never an exception that escapes.
 * GPU_IS_LOST / RESET_REQUIRED: the GPU fell off the bus (XID 79) or needs a reset.
   Raised as `GpuLost` so the caller marks that GPU down and moves on to the next one.
 * Anything else: counted per (function, error) for `scripts/gpu-check`, logged once, and
@@ -20,7 +23,7 @@ import ctypes
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from gpuscope.agent.sources import SourceUnavailable
@@ -47,6 +50,24 @@ class GpuLost(Exception):
     """The GPU stopped answering; everything else on the node keeps working."""
 
 
+class _Failed(Exception):
+    """One failed call, whatever pynvml raised: the NVML return code and its message."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _bindings_version(lib: Any) -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("nvidia-ml-py")
+    except Exception:  # noqa: BLE001 - only for a message
+        return getattr(lib, "__version__", "(unknown version)")
+
+
 class NvmlCallError(Exception):
     def __init__(self, function: str, code: int, message: str) -> None:
         super().__init__(f"{function}: {message}")
@@ -69,6 +90,7 @@ class Nvml:
         self._lock = threading.Lock()
         self.errors: Counter[tuple[str, str]] = Counter()
         self._field_requests: dict[tuple[tuple[int, int], ...], Any] = {}
+        self._version: dict[tuple[str, ...], int] = {}  # query_versions: first one to try
 
     @property
     def lib(self) -> Any:
@@ -102,15 +124,14 @@ class Nvml:
         Codes in `expected` (a wait's TIMEOUT, say) raise `NvmlCallError` without being
         counted as errors.
         """
-        lib = self.lib
         try:
-            return getattr(lib, function)(*args)
-        except lib.NVMLError as exc:
-            if exc.value in _LOST:
-                raise GpuLost(f"{function}: {exc}") from exc
-            if exc.value not in expected:
-                self._record(function, exc.value, str(exc))
-            raise NvmlCallError(function, exc.value, str(exc)) from exc
+            return self._invoke(function, args)
+        except _Failed as failed:
+            if failed.code in _LOST:
+                raise GpuLost(f"{function}: {failed.message}") from failed
+            if failed.code not in expected and failed.code not in _QUIET:
+                self._record(function, failed.code, failed.message)
+            raise NvmlCallError(function, failed.code, failed.message) from failed
 
     def query(self, function: str, *args: Any, absent: frozenset[int] = frozenset()) -> Any | None:
         """Call an NVML function whose value is optional: `None` when unsupported or failing.
@@ -118,30 +139,60 @@ class Nvml:
         Codes in `absent` also mean "no value" without being errors (NOT_FOUND from
         nvmlDeviceGetSamples when no new sample exists yet, say).
         """
-        return self._guarded(function, getattr(self.lib, function), args, absent)
-
-    def _guarded(
-        self, function: str, fn: Callable[..., Any], args: Sequence[Any], absent: frozenset[int]
-    ) -> Any | None:
-        lib = self.lib
         try:
-            return fn(*args)
-        except lib.NVMLError as exc:
-            if exc.value in _QUIET or exc.value in absent:
-                return None
-            if exc.value in _LOST:
-                raise GpuLost(f"{function}: {exc}") from exc
-            self._record(function, exc.value, str(exc))
+            return self._invoke(function, args)
+        except _Failed as failed:
+            self._absent(function, failed, absent)
             return None
+
+    def query_versions(self, functions: Sequence[str], *args: Any) -> Any | None:
+        """The newest of several versions of one call that this driver and these bindings
+        have (`_v3`, then `_v2`); the first that answers FUNCTION_NOT_FOUND is not tried
+        again. `None` when none is supported or the call fails."""
+        key = tuple(functions)
+        start = self._version.get(key, 0)
+        for i in range(start, len(key)):
+            try:
+                value = self._invoke(key[i], args)
+            except _Failed as failed:
+                if failed.code == FUNCTION_NOT_FOUND:
+                    self._version[key] = i + 1
+                    continue
+                self._absent(key[i], failed, frozenset())
+                return None
+            return value
+        return None
 
     def supports(self, function: str, *args: Any) -> bool:
         """True unless the call answers NOT_SUPPORTED / FUNCTION_NOT_FOUND."""
-        lib = self.lib
         try:
-            getattr(lib, function)(*args)
-        except lib.NVMLError as exc:
-            return exc.value not in _QUIET
+            self._invoke(function, args)
+        except _Failed as failed:
+            return failed.code not in _QUIET
         return True
+
+    def _invoke(self, function: str, args: Sequence[Any]) -> Any:
+        """Call `function` through pynvml; every way it can fail becomes `_Failed`."""
+        lib = self.lib
+        fn = getattr(lib, function, None)
+        if fn is None:  # older bindings: the wrapper does not exist
+            raise _Failed(FUNCTION_NOT_FOUND, f"not in pynvml {_bindings_version(lib)}")
+        try:
+            return fn(*args)
+        except lib.NVMLError as exc:
+            raise _Failed(int(exc.value), str(exc)) from exc
+        except getattr(lib, "NVMLLibraryMismatchError", _Failed) as exc:
+            # An unversioned wrapper over a versioned symbol the driver lacks (pynvml >= 11.510)
+            raise _Failed(FUNCTION_NOT_FOUND, str(exc)) from exc
+
+    def _absent(self, function: str, failed: _Failed, absent: frozenset[int]) -> None:
+        """A failed optional call: quiet when expected, `GpuLost` when lost, else counted."""
+        if failed.code in _QUIET or failed.code in absent:
+            return None
+        if failed.code in _LOST:
+            raise GpuLost(f"{function}: {failed.message}") from failed
+        self._record(function, failed.code, failed.message)
+        return None
 
     def field_values(
         self, handle: Any, fields: Sequence[tuple[int, int]]
@@ -150,9 +201,12 @@ class Nvml:
         if not fields:
             return []
         request = tuple(fields)
-        values = self._guarded(
-            "nvmlDeviceGetFieldValues", self._fetch_fields, (handle, request), frozenset()
-        )
+        lib = self.lib
+        try:
+            values = self._fetch_fields(handle, request)
+        except lib.NVMLError as exc:
+            self._absent("nvmlDeviceGetFieldValues", _Failed(int(exc.value), str(exc)), frozenset())
+            values = None
         if values is None:
             return [None] * len(fields)
         out: list[int | float | None] = []

@@ -1,9 +1,10 @@
 """Which processes hold each GPU, and how busy each keeps it.
 
-`nvmlDeviceGetComputeRunningProcesses` names the processes with a CUDA context on the GPU and
-the memory each holds; `nvmlDeviceGetProcessUtilization` returns per-process SM utilization
-samples newer than a timestamp we pass back on the next call. Together they split a
-time-sliced GPU between the pods sharing it, which the device-level utilization cannot do.
+`nvmlDeviceGetComputeRunningProcesses_v3` (`_v2` on drivers before 510) names the processes
+with a CUDA context on the GPU and the memory each holds; `nvmlDeviceGetProcessUtilization`
+returns per-process SM utilization samples newer than a timestamp we pass back on the next
+call. Together they split a time-sliced GPU between the pods sharing it, which the
+device-level utilization cannot do.
 
 PIDs are host PIDs (the agent runs with hostPID). A process listed with no utilization
 sample since the last read ran no kernel in that window: its utilization is 0, not unknown.
@@ -23,6 +24,12 @@ from gpuscope.agent.gpu.device import Device
 from gpuscope.agent.gpu.nvml import NOT_FOUND, Nvml
 from gpuscope.agent.gpu.records import GpuProcess, MigInstance
 
+# The versioned calls, newest first: `_v3` exists from driver 510 (NVML 11.510); before it,
+# pynvml's unversioned wrapper raises NVMLLibraryMismatchError, not an NVMLError.
+RUNNING_PROCESSES = (
+    "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlDeviceGetComputeRunningProcesses_v2",
+)
 NO_INSTANCE = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId of a process outside MIG
 HOLD_SECONDS = 2.0  # longer than the slowest NVML sample period (1 s)
 
@@ -40,7 +47,7 @@ class ProcessReader:
 
     def read(self, device: Device, migs: tuple[MigInstance, ...] = ()) -> tuple[GpuProcess, ...]:
         nvml, h = self._nvml, device.handle
-        running = nvml.query("nvmlDeviceGetComputeRunningProcesses", h)
+        running = nvml.query_versions(RUNNING_PROCESSES, h)
         if not running:
             return ()
         uuid = device.identity.uuid

@@ -137,3 +137,6 @@ class GpuSnapshot:
     nvml_version: str
     gpus: tuple[GpuReading, ...]
     topology: GpuTopology = field(default_factory=GpuTopology)
+    # UUIDs whose XID event registration the driver accepted; None where events are
+    # unavailable altogether (no event set), so nothing is claimed either way.
+    xid_watched: frozenset[str] | None = None

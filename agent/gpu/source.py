@@ -70,7 +70,7 @@ class GpuSource:
             interval=self.config.sample_interval,
             idle_threshold=self.config.idle_threshold,
         )
-        self.xid = XidWatcher(self.nvml, self.devices)
+        self.xid = XidWatcher(self.nvml, self.devices, clock=self.clock)
         self.topology = read_topology(self.nvml, self.devices)
         if self.config.background:
             self.sampler.start()
@@ -112,9 +112,14 @@ class GpuSource:
         return True
 
     def collect(self) -> GpuSnapshot:
+        known = {d.identity.uuid for d in self.devices}
         found = [self._discover_one(i) for i in list(self._undiscovered)]
-        if any(found) and self.sampler is not None:
-            self.sampler.set_devices(self.devices)
+        if any(found):
+            if self.sampler is not None:
+                self.sampler.set_devices(self.devices)
+            for device in self.devices:
+                if self.xid is not None and device.identity.uuid not in known:
+                    self.xid.watch(device)
         integrals = self.sampler.integrals() if self.sampler is not None else {}
         empty = GpuIntegrals()
         readings: list[GpuReading] = []
@@ -134,6 +139,7 @@ class GpuSource:
             nvml_version=self.nvml_version,
             gpus=tuple(readings),
             topology=self.topology,
+            xid_watched=frozenset(self.xid.watched) if self.xid is not None else None,
         )
 
     def _with_processes(self, device: dev.Device, reading: GpuReading) -> GpuReading:

@@ -12,12 +12,12 @@ import contextlib
 import ctypes
 import logging
 import threading
-import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
+from gpuscope.agent.clock import Clock, SystemClock
 from gpuscope.agent.gpu.device import Device
 from gpuscope.agent.gpu.nvml import TIMEOUT, GpuLost, Nvml, NvmlCallError
 
@@ -25,6 +25,7 @@ log = logging.getLogger("gpuscope.gpu.xid")
 
 NVML_EVENT_TYPE_XID_CRITICAL_ERROR = 0x8
 WAIT_MS = 500
+LOG_EVERY = 60.0  # seconds between log lines for repeats of one XID on one GPU
 
 
 def handle_address(handle: Any) -> int:
@@ -33,41 +34,69 @@ def handle_address(handle: Any) -> int:
 
 
 class XidWatcher:
-    def __init__(self, nvml: Nvml, devices: Sequence[Device]) -> None:
+    """Counts XID events per GPU. `watched` holds the UUIDs whose registration the driver
+    accepted: only those can count XIDs, and the exporter says which they are."""
+
+    def __init__(
+        self, nvml: Nvml, devices: Sequence[Device], *, clock: Clock | None = None
+    ) -> None:
         self._nvml = nvml
-        self._by_address = {handle_address(d.handle): d.identity.uuid for d in devices}
-        self._devices = list(devices)
-        self._counts: dict[str, Counter[int]] = {d.identity.uuid: Counter() for d in devices}
+        self._by_address: dict[int, str] = {}
+        self._counts: dict[str, Counter[int]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._event_set: Any = None
+        self._devices = list(devices)
+        self._clock = clock or SystemClock()
+        self._logged: dict[tuple[str, int], tuple[float, int]] = {}  # (uuid, xid): at, unlogged
+        self._wait_error: str | None = None
         self.watched: set[str] = set()
 
     def start(self) -> None:
         """Register every GPU that supports XID events and start the waiting thread."""
-        nvml = self._nvml
         try:
-            self._event_set = nvml.call("nvmlEventSetCreate")
+            self._event_set = self._nvml.call("nvmlEventSetCreate")
         except (NvmlCallError, GpuLost) as exc:
             log.warning("XID events unavailable: %s", exc)
             return
         for device in self._devices:
-            try:
-                supported = nvml.query("nvmlDeviceGetSupportedEventTypes", device.handle)
-                if supported is not None and not supported & NVML_EVENT_TYPE_XID_CRITICAL_ERROR:
-                    continue
-                nvml.query(
-                    "nvmlDeviceRegisterEvents",
-                    device.handle,
-                    NVML_EVENT_TYPE_XID_CRITICAL_ERROR,
-                    self._event_set,
-                )
-            except GpuLost:
-                continue
-            self.watched.add(device.identity.uuid)
+            self._register(device)
         if not self.watched:
-            log.info("no GPU supports XID events; gpuscope_gpu_xid_errors_total is not exported")
+            log.info("no GPU accepted XID events; gpuscope_gpu_xid_errors_total is not exported")
+        self._start_thread()
+
+    def watch(self, device: Device) -> None:
+        """Register a GPU found after start (one that did not answer at first)."""
+        if self._event_set is None or device.identity.uuid in self.watched:
+            return
+        if self._register(device):
+            self._start_thread()
+
+    def _register(self, device: Device) -> bool:
+        nvml, uuid = self._nvml, device.identity.uuid
+        with self._lock:
+            self._by_address[handle_address(device.handle)] = uuid
+            self._counts.setdefault(uuid, Counter())
+        try:
+            supported = nvml.query("nvmlDeviceGetSupportedEventTypes", device.handle)
+            if supported is not None and not supported & NVML_EVENT_TYPE_XID_CRITICAL_ERROR:
+                log.info("GPU %d does not report XID events", device.identity.index)
+                return False
+            nvml.call(
+                "nvmlDeviceRegisterEvents",
+                device.handle,
+                NVML_EVENT_TYPE_XID_CRITICAL_ERROR,
+                self._event_set,
+            )
+        except (NvmlCallError, GpuLost) as exc:
+            log.warning("GPU %d: XID events not registered: %s", device.identity.index, exc)
+            return False
+        self.watched.add(uuid)
+        return True
+
+    def _start_thread(self) -> None:
+        if self._thread is not None or not self.watched:
             return
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="gpu-xid-events", daemon=True)
@@ -86,17 +115,27 @@ class XidWatcher:
                 )
             except NvmlCallError as exc:
                 if exc.code != TIMEOUT:
+                    self._wait_failed(str(exc))
                     self._stop.wait(1.0)  # e.g. a GPU in the set fell off the bus
                 continue
             except GpuLost as exc:
-                log.warning("XID event wait: %s", exc)
+                self._wait_failed(str(exc))
                 self._stop.wait(1.0)
                 continue
-            except Exception:
-                log.exception("XID event wait failed")
-                time.sleep(1.0)
+            except Exception as exc:  # noqa: BLE001 - the thread must outlive any error
+                self._wait_failed(f"{type(exc).__name__}: {exc}")
+                self._stop.wait(1.0)
                 continue
+            if self._wait_error is not None:
+                log.info("XID event wait recovered")
+                self._wait_error = None
             self._record(data)
+
+    def _wait_failed(self, error: str) -> None:
+        """One line per change of error, not one a second while a GPU stays lost."""
+        if error != self._wait_error:
+            log.warning("XID event wait: %s (retrying every second)", error)
+        self._wait_error = error
 
     def _record(self, data: Any) -> None:
         if not int(data.eventType) & NVML_EVENT_TYPE_XID_CRITICAL_ERROR:
@@ -107,7 +146,20 @@ class XidWatcher:
         xid = int(data.eventData)
         with self._lock:
             self._counts[uuid][xid] += 1
-        log.warning("XID %d on GPU %s", xid, uuid, extra={"uuid": uuid, "xid": xid})
+        self._log_xid(uuid, xid)
+
+    def _log_xid(self, uuid: str, xid: int) -> None:
+        """The first XID of a kind on a GPU is logged at once; the rest at most once per
+        LOG_EVERY seconds with how many came since: an XID storm must not flood the log
+        (every one is counted in gpuscope_gpu_xid_errors_total)."""
+        now = self._clock.monotonic()
+        at, unlogged = self._logged.get((uuid, xid), (None, 0))
+        if at is not None and now - at < LOG_EVERY:
+            self._logged[(uuid, xid)] = (at, unlogged + 1)
+            return
+        self._logged[(uuid, xid)] = (now, 0)
+        more = f" ({unlogged} more since the last line)" if unlogged else ""
+        log.warning("XID %d on GPU %s%s", xid, uuid, more, extra={"uuid": uuid, "xid": xid})
 
     def stop(self) -> None:
         self._stop.set()

@@ -230,6 +230,16 @@ GPU_METRICS: tuple[MetricSpec, ...] = (
         "After the first XID of that number since the agent started.",
     ),
     MetricSpec(
+        "gpuscope_gpu_xid_events_watched",
+        "gauge",
+        "1 if the driver accepted the agent's registration for this GPU's XID events, so "
+        "gpuscope_gpu_xid_errors_total can count them; 0 if it refused (absent XIDs then "
+        "prove nothing).",
+        GPU,
+        "gpu",
+        "Every GPU, where NVML events are available at all.",
+    ),
+    MetricSpec(
         "gpuscope_gpu_ecc_errors_total",
         "counter",
         "Volatile ECC errors (since the last driver load) by type (corrected, uncorrected).",

@@ -31,6 +31,8 @@ def _render_one(snapshot: GpuSnapshot, r: GpuReading, out: Families, *, per_link
     out.add("gpuscope_gpu_up", dev, 1 if r.up else 0)
     for xid, count in sorted(r.xid_errors.items()):
         out.add("gpuscope_gpu_xid_errors_total", (*dev, str(xid)), count)
+    if snapshot.xid_watched is not None:
+        out.add("gpuscope_gpu_xid_events_watched", dev, 1 if dev[1] in snapshot.xid_watched else 0)
     if not r.up:
         return
     _render_scalars(r, dev, out)

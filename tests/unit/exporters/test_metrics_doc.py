@@ -65,6 +65,7 @@ def test_names_follow_the_unit_conventions() -> None:
                 "_entries",
                 "_state",
                 "_allocated",
+                "_watched",
             )
         ), f"{m.name}: no base unit and not a state/info metric"
 

@@ -1,0 +1,115 @@
+"""Where real drivers and bindings are less kind than the fake used to be (issue "truth on
+real NVIDIA drivers"): a function the bindings or the driver lack, an XID registration the
+driver refuses, a GPU that appears after start, an XID storm. Each drives the real pynvml
+bindings over the fake library; what a real driver does differently is injected at pynvml's
+own boundary (its function-pointer lookup, its wrappers), so the agent sees exactly the
+exceptions pynvml raises on such a driver."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import pynvml
+import pytest
+
+from tests.support import wait_for
+
+FUNCTION_NOT_FOUND = 13
+NOT_SUPPORTED = 3
+
+
+def _without_symbol(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """The loaded library lacks `name`, as a driver from before it was added does: pynvml's
+    lookup raises NVMLError(FUNCTION_NOT_FOUND), and unversioned wrappers over it raise
+    NVMLLibraryMismatchError."""
+    lookup = pynvml._nvmlGetFunctionPointer
+
+    def missing(fn: str) -> Any:
+        if fn == name:
+            raise pynvml.NVMLError(FUNCTION_NOT_FOUND)
+        return lookup(fn)
+
+    monkeypatch.setattr(pynvml, "_nvmlGetFunctionPointer", missing)
+
+
+def test_bindings_without_a_function_read_it_as_unsupported(inprocess, monkeypatch) -> None:
+    """nvidia-ml-py 12.535 has no nvmlDeviceGetNumaNodeId: the GPU collector still starts,
+    and the NUMA node is simply unknown."""
+    monkeypatch.delattr(pynvml, "nvmlDeviceGetNumaNodeId")
+    h = inprocess("dgx-h100")
+    m = h.scrape()
+    assert m.value("gpuscope_collector_success", collector="gpu") == 1
+    assert len(m.series("gpuscope_gpu_up")) == 8
+    assert m.series("gpuscope_gpu_info", gpu="0", numa_node="")
+    assert not any("nvmlDeviceGetNumaNodeId" in f for f, _ in h.gpu.nvml.errors)
+
+
+def test_a_driver_without_v3_process_calls_falls_back_to_v2(inprocess, monkeypatch) -> None:
+    """Before driver 510 there is no nvmlDeviceGetComputeRunningProcesses_v3, and pynvml's
+    unversioned wrapper raises NVMLLibraryMismatchError, which is not an NVMLError."""
+    _without_symbol(monkeypatch, "nvmlDeviceGetComputeRunningProcesses_v3")
+    with pytest.raises(pynvml.NVMLLibraryMismatchError):
+        pynvml.nvmlDeviceGetComputeRunningProcesses(None)
+
+    def setup(fake: Any) -> None:
+        fake.add_process(2, os.getpid(), used_memory_bytes=3 << 30)
+
+    h = inprocess("dgx-h100", setup=setup)
+    m = h.scrape()
+    assert m.value("gpuscope_collector_success", collector="gpu") == 1
+    assert m.value("gpuscope_pod_gpu_memory_bytes", gpu="2") == 3 << 30
+
+
+def _refuse_registration(monkeypatch: pytest.MonkeyPatch, index: int) -> None:
+    """The driver refuses XID events for one GPU (NOT_SUPPORTED from RegisterEvents)."""
+    register = pynvml.nvmlDeviceRegisterEvents
+
+    def refusing(handle: Any, types: int, event_set: Any) -> None:
+        if pynvml.nvmlDeviceGetIndex(handle) == index:
+            raise pynvml.NVMLError(NOT_SUPPORTED)
+        register(handle, types, event_set)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceRegisterEvents", refusing)
+
+
+def test_a_refused_xid_registration_is_said_not_hidden(inprocess, monkeypatch, caplog) -> None:
+    _refuse_registration(monkeypatch, 3)
+    with caplog.at_level(logging.WARNING, logger="gpuscope.gpu.xid"):
+        h = inprocess("dgx-h100")
+    m = h.scrape()
+    assert m.value("gpuscope_gpu_xid_events_watched", gpu="3") == 0
+    assert all(m.value("gpuscope_gpu_xid_events_watched", gpu=str(g)) == 1 for g in (0, 7))
+    assert "GPU 3: XID events not registered" in caplog.text
+    assert h.gpu.xid is not None
+    assert h.fake.gpu_uuid(3) not in h.gpu.xid.watched
+
+
+def test_a_gpu_found_after_start_is_registered_for_xids(inprocess) -> None:
+    h = inprocess("dgx-h100", setup=lambda fake: fake.lose_gpu(7))
+    assert h.scrape().value("gpuscope_gpu_up", gpu="7") == 0
+    h.fake.restore_gpu(7)
+    m = h.scrape()
+    assert m.value("gpuscope_gpu_up", gpu="7") == 1
+    assert m.value("gpuscope_gpu_xid_events_watched", gpu="7") == 1
+    h.fake.inject_xid(7, 13)
+    wait_for(
+        lambda: h.scrape().by_label("gpuscope_gpu_xid_errors_total", "xid", gpu="7") == {"13": 1},
+        what="the XID on the late GPU",
+    )
+
+
+def test_an_xid_storm_is_counted_in_full_and_logged_once(inprocess, caplog) -> None:
+    h = inprocess("dgx-h100")
+    with caplog.at_level(logging.WARNING, logger="gpuscope.gpu.xid"):
+        for _ in range(40):
+            h.fake.inject_xid(4, 31)
+        wait_for(
+            lambda: (
+                h.scrape().by_label("gpuscope_gpu_xid_errors_total", "xid", gpu="4") == {"31": 40}
+            ),
+            what="40 XIDs counted",
+        )
+    lines = [r.getMessage() for r in caplog.records if "XID 31" in r.getMessage()]
+    assert len(lines) == 1, lines
