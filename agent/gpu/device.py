@@ -151,6 +151,7 @@ def _read(
         memory_utilization_ratio=memory_util,
         busy_seconds=integrals.busy_seconds,
         idle_seconds=integrals.idle_seconds,
+        unsampled_seconds=integrals.unsampled_seconds,
         last_active_timestamp=integrals.last_active_timestamp,
         memory_used_bytes=memory_used,
         memory_total_bytes=memory_total,

@@ -60,6 +60,7 @@ class GpuIntegrals:
 
     busy_seconds: float | None = None
     idle_seconds: float | None = None
+    unsampled_seconds: float | None = None  # time no utilization sample covered
     last_active_timestamp: float | None = None
     pcie_transmit_bytes: float | None = None
     pcie_receive_bytes: float | None = None
@@ -77,6 +78,7 @@ class GpuReading:
     memory_utilization_ratio: float | None = None
     busy_seconds: float | None = None
     idle_seconds: float | None = None  # integral of time at or below --idle-threshold
+    unsampled_seconds: float | None = None  # time no utilization sample covered
     last_active_timestamp: float | None = None
     memory_used_bytes: int | None = None
     memory_total_bytes: int | None = None

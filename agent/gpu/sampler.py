@@ -37,32 +37,66 @@ NVML_PCIE_UTIL_RX_BYTES = 1
 KIB = 1024
 
 
+MIN_PERIOD_US = 100_000  # NVML samples utilization every 1/6 s to 1 s by product
+MAX_PERIOD_US = 1_000_000
+
+
 class UtilizationIntegrator:
     """Integrates utilization into busy seconds and tracks the last active moment.
 
     Pure arithmetic, no NVML: it is fed either NVML samples (`add_samples`) or one rate per
     tick (`add_rate`), so its behaviour can be tested on literal numbers.
+
+    A sample is the busy share of the sample period that ends at its timestamp, so it is
+    credited with at most one period, never with the whole gap since the sample before:
+    after a stall (the sampler starved, the ring buffer wrapped, or no sample while the
+    GPU idled) one 100% sample must not turn 300 s into busy time. The period is the
+    smallest gap seen between two samples (1 s until one is seen). Time that no sample or
+    reading covers is neither busy nor idle: `unsampled_seconds`, so that per GPU
+    `covered_seconds + unsampled_seconds` is the time since the first tick.
     """
 
-    def __init__(self, idle_threshold: float) -> None:
+    def __init__(self, idle_threshold: float, *, max_rate_gap: float = 2.0) -> None:
         self.idle_threshold = idle_threshold
+        self.max_rate_gap = max_rate_gap  # seconds one rate reading may be held for
         self.busy_seconds = 0.0
         self.idle_seconds = 0.0  # time at or below the threshold: the reserved-but-idle clock
+        self.covered_seconds = 0.0  # time some sample or reading covered
+        self.dropped_samples = 0  # timestamp 0 or a value outside 0-100: not a sample
         self.last_active: float | None = None
+        self.period_us = MAX_PERIOD_US
         self._last_sample_us: int | None = None
         self._last_rate_at: float | None = None
+        self._first_tick: float | None = None
+        self._last_tick: float | None = None
 
     @property
     def last_sample_us(self) -> int:
         return self._last_sample_us or 0
 
+    @property
+    def unsampled_seconds(self) -> float:
+        """Time since the first tick that nothing covered (at most one period lags)."""
+        if self._first_tick is None or self._last_tick is None:
+            return 0.0
+        return max(0.0, self._last_tick - self._first_tick - self.covered_seconds)
+
+    def tick(self, monotonic: float) -> None:
+        """Mark the time of a sampler tick: the wall-time base of `unsampled_seconds`."""
+        if self._first_tick is None:
+            self._first_tick = monotonic
+        self._last_tick = monotonic
+
     def add_samples(self, samples: Iterable[tuple[int, float]]) -> None:
-        """Add (timestamp µs, percent) samples; each covers the time since the one before.
+        """Add (timestamp µs, percent) samples; each covers at most one sample period.
 
         The first sample ever seen only sets the starting point: history from before the
         agent started is not counted, so the counter starts at zero.
         """
         for ts, percent in sorted(samples):
+            if ts <= 0 or not 0.0 <= percent <= 100.0:
+                self.dropped_samples += 1
+                continue
             previous = self._last_sample_us
             if previous is not None and ts <= previous:
                 continue
@@ -70,25 +104,39 @@ class UtilizationIntegrator:
             ratio = percent / 100.0
             if ratio > self.idle_threshold:
                 self.last_active = ts / 1e6
-            if previous is not None:
-                self.busy_seconds += ratio * (ts - previous) / 1e6
-                if ratio <= self.idle_threshold:
-                    self.idle_seconds += (ts - previous) / 1e6
+            if previous is None:
+                continue
+            gap = ts - previous
+            if gap < self.period_us:
+                self.period_us = max(MIN_PERIOD_US, gap)
+            self._credit(ratio, min(gap, self.period_us) / 1e6)
 
     def add_rate(self, monotonic: float, wall: float, percent: float) -> None:
-        """Add one utilization reading, held since the previous one.
+        """Add one utilization reading, held since the previous one for at most
+        `max_rate_gap` seconds (a stall is unsampled, not busy or idle).
 
         Durations come from the monotonic clock (an NTP step must not create or erase busy
         time); the last-active moment is a wall-clock timestamp.
         """
+        if not 0.0 <= percent <= 100.0:
+            self.dropped_samples += 1
+            return
         ratio = percent / 100.0
         if self._last_rate_at is not None and monotonic > self._last_rate_at:
-            self.busy_seconds += ratio * (monotonic - self._last_rate_at)
-            if ratio <= self.idle_threshold:
-                self.idle_seconds += monotonic - self._last_rate_at
+            self._credit(ratio, min(monotonic - self._last_rate_at, self.max_rate_gap))
         self._last_rate_at = monotonic
         if ratio > self.idle_threshold:
             self.last_active = wall
+
+    def forget_rate(self) -> None:
+        """The next rate reading starts afresh (samples covered the time in between)."""
+        self._last_rate_at = None
+
+    def _credit(self, ratio: float, seconds: float) -> None:
+        self.busy_seconds += ratio * seconds
+        self.covered_seconds += seconds
+        if ratio <= self.idle_threshold:
+            self.idle_seconds += seconds
 
 
 class RateIntegrator:
@@ -190,8 +238,11 @@ class Sampler:
                 state = self._states.get(uuid)
                 if state is None:
                     state = self._states[uuid] = _GpuState(
-                        util=UtilizationIntegrator(self._idle_threshold)
+                        util=UtilizationIntegrator(
+                            self._idle_threshold, max_rate_gap=max(1.0, 2 * self.interval)
+                        )
                     )
+                state.util.tick(now)
                 try:
                     self._sample(device, state, now, wall)
                     lost.discard(uuid)
@@ -223,6 +274,14 @@ class Sampler:
                     (int(s.timeStamp), float(union_value(value_type, s.sampleValue)))
                     for s in samples
                 )
+                state.util.forget_rate()
+            else:
+                # No new sample since the last tick: NVML's ring runs dry while a GPU idles.
+                # The current reading covers this tick (capped), so an idle GPU accrues idle
+                # time rather than unsampled time.
+                rates = nvml.query("nvmlDeviceGetUtilizationRates", h)
+                if rates is not None:
+                    state.util.add_rate(now, wall, float(rates.gpu))
         elif state.util_mode is UtilMode.RATES:
             rates = nvml.query("nvmlDeviceGetUtilizationRates", h)
             if rates is not None:
@@ -297,6 +356,7 @@ def _integrals(state: _GpuState) -> GpuIntegrals:
     return GpuIntegrals(
         busy_seconds=state.util.busy_seconds if supported else None,
         idle_seconds=state.util.idle_seconds if supported else None,
+        unsampled_seconds=state.util.unsampled_seconds if supported else None,
         last_active_timestamp=state.util.last_active if supported else None,
         pcie_transmit_bytes=state.pcie_tx.total if state.pcie_tx else None,
         pcie_receive_bytes=state.pcie_rx.total if state.pcie_rx else None,

@@ -60,6 +60,17 @@ GPU_METRICS: tuple[MetricSpec, ...] = (
         "Starts at 0 when the agent starts. Not on MIG-enabled GPUs.",
     ),
     MetricSpec(
+        "gpuscope_gpu_unsampled_seconds_total",
+        "counter",
+        "Time since the agent started that no utilization sample covered (a stalled sampler, "
+        "gaps in NVML's sample ring): neither busy nor idle. Each NVML sample covers at most "
+        "one sample period, so a stall never becomes busy time; rate() of busy seconds over "
+        "1 - rate() of this is the utilization over the time that was sampled.",
+        GPU,
+        "gpu",
+        "Starts at 0 when the agent starts. Not on MIG-enabled GPUs.",
+    ),
+    MetricSpec(
         "gpuscope_gpu_last_active_timestamp_seconds",
         "gauge",
         "Unix time of the last utilization sample above --idle-threshold.",

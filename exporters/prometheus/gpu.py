@@ -69,6 +69,7 @@ def _render_scalars(r: GpuReading, dev: DeviceLabels, out: Families) -> None:
         ("gpuscope_gpu_utilization_ratio", r.utilization_ratio),
         ("gpuscope_gpu_memory_utilization_ratio", r.memory_utilization_ratio),
         ("gpuscope_gpu_busy_seconds_total", r.busy_seconds),
+        ("gpuscope_gpu_unsampled_seconds_total", r.unsampled_seconds),
         ("gpuscope_gpu_last_active_timestamp_seconds", r.last_active_timestamp),
         ("gpuscope_gpu_memory_used_bytes", r.memory_used_bytes),
         ("gpuscope_gpu_memory_total_bytes", r.memory_total_bytes),

@@ -113,3 +113,25 @@ def test_an_xid_storm_is_counted_in_full_and_logged_once(inprocess, caplog) -> N
         )
     lines = [r.getMessage() for r in caplog.records if "XID 31" in r.getMessage()]
     assert len(lines) == 1, lines
+
+
+def test_a_dry_sample_ring_on_an_idle_gpu_still_accrues_idle_time(inprocess, monkeypatch) -> None:
+    """A real driver's utilization ring holds no new sample while the GPU idles
+    (nvmlDeviceGetSamples answers NOT_FOUND): the agent then reads the current rate, so the
+    reserved-but-idle clock keeps running instead of the time going unsampled."""
+    h = inprocess("dgx-h100")
+    h.fake.set_utilization(5, 0)
+    samples = pynvml.nvmlDeviceGetSamples
+    dry = pynvml.nvmlDeviceGetHandleByIndex(5)
+
+    def dry_when_idle(handle: Any, kind: int, since: int) -> Any:
+        if pynvml.nvmlDeviceGetIndex(handle) == pynvml.nvmlDeviceGetIndex(dry):
+            raise pynvml.NVMLError(6)  # NVML_ERROR_NOT_FOUND
+        return samples(handle, kind, since)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetSamples", dry_when_idle)
+    h.advance(30)
+    util = h.gpu.sampler._states[h.fake.gpu_uuid(5)].util  # type: ignore[union-attr]
+    assert util.idle_seconds == pytest.approx(29, abs=1.01)  # all but the first reading
+    assert util.busy_seconds == 0
+    assert h.scrape().value("gpuscope_gpu_unsampled_seconds_total", gpu="5") <= 1.01

@@ -53,3 +53,32 @@ def test_idle_threshold_ignores_light_background_load(inprocess) -> None:
     h.fake.set_utilization(3, 60)
     h.advance(2)
     assert h.scrape().value("gpuscope_gpu_last_active_timestamp_seconds", gpu="3") > 0
+
+
+def _stall(h, seconds: float) -> None:
+    """Time passes on the GPU and the agent's clock while the sampler thread does not run."""
+    h.fake.advance(seconds)
+    h.clock.advance(seconds)
+
+
+def test_a_stalled_sampler_never_invents_busy_time(inprocess) -> None:
+    """After a 300 s stall on a busy GPU (NVML's ring holds 20 s), busy time grows by what
+    the ring still holds plus at most one period; the rest is unsampled, and busy + not
+    busy + unsampled is the wall time."""
+    h = inprocess("dgx-h100")
+    h.fake.set_utilization(0, 100)
+    h.advance(10)
+    before = h.scrape()
+    _stall(h, 300)
+    h.advance(1)
+    after = h.scrape()
+    busy = after.value("gpuscope_gpu_busy_seconds_total", gpu="0") - before.value(
+        "gpuscope_gpu_busy_seconds_total", gpu="0"
+    )
+    unsampled = after.value("gpuscope_gpu_unsampled_seconds_total", gpu="0")
+    ring = 120 * h.fake.sample_period  # FAKE_SAMPLE_RING samples
+    assert ring < 30 and busy <= ring + h.fake.sample_period  # not 301 s
+    assert unsampled == pytest.approx(301 - ring, abs=2 * h.fake.sample_period)
+    util = h.gpu.sampler._states[h.fake.gpu_uuid(0)].util  # type: ignore[union-attr]
+    total = util.busy_seconds + (util.covered_seconds - util.busy_seconds) + unsampled
+    assert total == pytest.approx(311, abs=h.fake.sample_period)
