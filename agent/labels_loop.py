@@ -93,6 +93,7 @@ class LabelsLoop:
             self._thread.join(timeout=10)
 
     def run_once(self) -> None:
+        self._refresh_fabric()
         collection = self._runner.collect(only=(GPU.name,))  # the labels need nothing else
         snap = collection.records(GPU)
         placement = network_placement(self._config.agent.sysfs, snap)
@@ -117,6 +118,16 @@ class LabelsLoop:
         self.rounds += 1
         if changed:
             log.info("node labels published (%s)", self._config.labels.labels_mode)
+
+    def _refresh_fabric(self) -> None:
+        """The GPUs' fabric registration can complete (or degrade) after start: read it
+        again each round. A failure here costs only this round's fresh fabric facts."""
+        if self._gpu is None or not self._gpu.nvml.initialized:
+            return
+        try:
+            self._gpu.refresh_fabric()
+        except Exception as exc:  # noqa: BLE001 - the labels thread must keep running
+            log.debug("re-reading the GPU fabric failed: %s", exc)
 
     def _lost(self) -> frozenset[str]:
         sampler = self._gpu.sampler if self._gpu is not None else None

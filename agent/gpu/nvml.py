@@ -93,6 +93,10 @@ class Nvml:
         self._version: dict[tuple[str, ...], int] = {}  # query_versions: first one to try
 
     @property
+    def initialized(self) -> bool:
+        return self._lib is not None
+
+    @property
     def lib(self) -> Any:
         if self._lib is None:
             raise SourceUnavailable("NVML is not initialized")

@@ -118,9 +118,16 @@ class NvLinkPeer:
 
 @dataclass(frozen=True, slots=True)
 class Fabric:
+    """A GPU's multi-node NVLink registration. Until `completed`, the UUID is empty and the
+    clique and status mean nothing; a completed registration with a failing `status` keeps
+    its clique but no UUID."""
+
     cluster_uuid: str
     clique_id: int
     completed: bool
+    state: int = 3  # nvmlGpuFabricState_t
+    status: int = 0  # an NVML return code, meaningful only when completed
+    health_mask: int = 0
 
 
 @dataclass(frozen=True, slots=True)

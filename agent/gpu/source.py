@@ -23,7 +23,7 @@ from gpuscope.agent.gpu.records import (
     GpuTopology,
 )
 from gpuscope.agent.gpu.sampler import Sampler
-from gpuscope.agent.gpu.topology import read_topology
+from gpuscope.agent.gpu.topology import read_fabric, read_topology
 from gpuscope.agent.gpu.xid import XidWatcher
 
 log = logging.getLogger("gpuscope.gpu")
@@ -141,6 +141,12 @@ class GpuSource:
             topology=self.topology,
             xid_watched=frozenset(self.xid.watched) if self.xid is not None else None,
         )
+
+    def refresh_fabric(self) -> None:
+        """Read every GPU's fabric registration again (the labels loop calls this each
+        round): it can complete, or degrade, long after the agent started."""
+        if self.devices:
+            self.topology = replace(self.topology, fabric=read_fabric(self.nvml, self.devices))
 
     def _with_processes(self, device: dev.Device, reading: GpuReading) -> GpuReading:
         try:

@@ -175,14 +175,16 @@ def _add_links(labels: dict[str, str], p: str, gpus: Sequence[GpuReading]) -> No
 
 def _add_interconnect(labels: dict[str, str], p: str, snapshot: GpuSnapshot) -> None:
     """How the GPUs are joined (nvswitch, nvlink or pcie), and the NVLink domain and clique
-    only when every GPU's fabric registration completed into one and the same clique."""
+    only when every GPU's fabric registration completed, without error, into one and the
+    same clique."""
     peers = snapshot.topology.nvlink_peers
     kinds = {peer.kind for ps in peers.values() for peer in ps}
     labels[f"{p}gpu.interconnect"] = (
         "nvswitch" if "switch" in kinds else "nvlink" if "gpu" in kinds else "pcie"
     )
     fabrics = list(snapshot.topology.fabric.values())
-    if fabrics and len(fabrics) == len(snapshot.gpus) and all(f.completed for f in fabrics):
+    registered = all(f.completed and f.cluster_uuid for f in fabrics)
+    if fabrics and len(fabrics) == len(snapshot.gpus) and registered:
         domains = {f.cluster_uuid for f in fabrics}
         cliques = {f.clique_id for f in fabrics}
         if len(domains) == 1 and len(cliques) == 1:

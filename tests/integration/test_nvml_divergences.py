@@ -135,3 +135,34 @@ def test_a_dry_sample_ring_on_an_idle_gpu_still_accrues_idle_time(inprocess, mon
     assert util.idle_seconds == pytest.approx(29, abs=1.01)  # all but the first reading
     assert util.busy_seconds == 0
     assert h.scrape().value("gpuscope_gpu_unsampled_seconds_total", gpu="5") <= 1.01
+
+
+def test_fabric_registration_completing_after_start_reaches_the_labels(inprocess) -> None:
+    """On Hopper/Blackwell with NVSwitch, Fabric Manager registration can complete after
+    the agent started: the NVLink-domain labels appear on the next labels round, without a
+    restart; before it completes, no domain is claimed and no status is read."""
+    from gpuscope.agent.config import parse
+    from gpuscope.agent.labels_loop import LabelsLoop
+
+    def registering(fake: Any) -> None:
+        for g in range(fake.gpu_count()):
+            fake.set_fabric(g, state="in_progress", status=1)  # status: meaningless yet
+
+    h = inprocess("gb200-nvl", setup=registering)
+    published: list[dict[str, str]] = []
+    loop = LabelsLoop(
+        parse(["--collectors", "gpu", "--labels-mode", "file"], env={}),
+        h.agent.runner,
+        h.gpu,
+        lambda labels, _annotations, _snap: published.append(dict(labels)) is None,
+    )
+    loop.run_once()
+    assert "gpuscope.io/nvlink.domain" not in published[-1]
+    assert all(not f.completed for f in h.gpu.topology.fabric.values())
+
+    for g in range(h.fake.gpu_count()):
+        h.fake.set_fabric(g, state="completed", status=0)
+    loop.run_once()
+    domain = published[-1]["gpuscope.io/nvlink.domain"]
+    assert published[-1]["gpuscope.io/nvlink.clique"] == f"{domain}.7"
+    assert not any("Fabric" in f for f, _ in h.gpu.nvml.errors)
