@@ -201,7 +201,11 @@ def test_identity_matches_profile(make_fake: Make, profile: str) -> None:
         assert pci.pciSubSystemId == int(g["pci_subsystem_id"], 16)
         assert nv.nvmlDeviceGetArchitecture(h) == archs[g["architecture"]]
         assert list(nv.nvmlDeviceGetCudaComputeCapability(h)) == g["cuda_compute_capability"]
-        assert nv.nvmlDeviceGetNumaNodeId(h) == g["numa_node"]
+        if int(spec["driver_version"].split(".")[0]) >= 550:
+            assert nv.nvmlDeviceGetNumaNodeId(h) == g["numa_node"]
+        else:  # nvmlDeviceGetNumaNodeId is R550+
+            with pytest.raises(err(nv.NVML_ERROR_FUNCTION_NOT_FOUND)):
+                nv.nvmlDeviceGetNumaNodeId(h)
         assert nv.nvmlDeviceGetBrand(h) == nv.NVML_BRAND_NVIDIA
         assert nv.nvmlDeviceGetPersistenceMode(h) == nv.NVML_FEATURE_ENABLED
         assert nv.nvmlDeviceGetMemoryInfo(h).total == g["memory_total_mib"] * MIB

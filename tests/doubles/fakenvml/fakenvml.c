@@ -201,6 +201,11 @@ typedef unsigned int nvmlGpuFabricState_t; /* unsigned char in nvml.h; c_uint in
 #define NVML_FI_DEV_NVLINK_GET_VERSION 166u
 #define NVML_FI_DEV_PCIE_COUNT_TX_BYTES 197u
 #define NVML_FI_DEV_PCIE_COUNT_RX_BYTES 198u
+#define NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_SUCCESSFUL_EVENTS 213u
+#define NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS 214u
+#define NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS 215u
+
+#define NVML_DEVICE_ARCH_BLACKWELL 10u
 
 typedef struct nvmlDevice_st *nvmlDevice_t;
 typedef struct nvmlEventSet_st *nvmlEventSet_t;
@@ -497,6 +502,7 @@ typedef struct {
     int64_t period;
     char driver[NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE];
     char nvml_version[NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE];
+    unsigned branch; /* driver branch (leading number of `driver`); UINT_MAX: unknown */
     int cuda;
     int ngpu;
     gpu_t gpu[FAKE_MAX_GPUS];
@@ -978,6 +984,15 @@ static void parse_bus_id(gpu_t *g) {
 
 static void util_prefix_sums(gpu_t *g); /* section 4 */
 
+/* "535.161.08" -> 535; UINT_MAX (no API level limits) when there is no leading number. */
+static unsigned driver_branch(const char *driver) {
+    char *end;
+    errno = 0;
+    unsigned long v = strtoul(driver, &end, 10);
+    if (end == driver || errno != 0 || v == 0 || v >= UINT_MAX) return UINT_MAX;
+    return (unsigned)v;
+}
+
 /* Parses a whole state file (modified in place).  Returns NULL on error. */
 static state_t *parse_state(char *text, char *err, size_t errlen) {
     state_t *s = calloc(1, sizeof *s);
@@ -1021,6 +1036,7 @@ static state_t *parse_state(char *text, char *err, size_t errlen) {
         state_free(s);
         return NULL;
     }
+    s->branch = driver_branch(s->driver);
     for (int i = 0; i < s->ngpu; i++) {
         parse_bus_id(&s->gpu[i]);
         if (s->gpu[i].nvlink_count > NVML_NVLINK_MAX_LINKS) s->gpu[i].nvlink_count = 0;
@@ -1345,9 +1361,75 @@ static nvmlReturn_t enter(ctx_t *c) {
     return NVML_SUCCESS;
 }
 
-static nvmlReturn_t enter_dev(ctx_t *c, nvmlDevice_t dev, int flags) {
+/* ---- API levels -----------------------------------------------------------
+ * A driver has only the entry points of its branch.  pynvml resolves every symbol on
+ * first use (_nvmlGetFunctionPointer: getattr on the CDLL, i.e. dlsym) and turns a missing
+ * one into NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND), the same exception it raises when a
+ * call returns 13; so an entry point newer than the profile's driver branch returns
+ * NVML_ERROR_FUNCTION_NOT_FOUND before looking at its arguments.  (A caller that dlsym()s
+ * by itself still finds the symbol: one library serves every branch.)
+ *
+ * First branch of each entry point the fake exports that is not in every supported driver,
+ * from the nvml.h of consecutive releases (cuda-nvml-dev headers: 11.7.91 = R515, 11.8.86 =
+ * R520, 12.0.76 = R525, 12.1.55 = R530, 12.2.81 = R535, 12.3.52 = R545, 12.4.99 = R550,
+ * 12.5.39 = R555, 12.6.37 = R560, 12.8.90 = R570, 12.9.79 = R575, 13.0.39 = R580) and, before
+ * R515, from nvidia-ml-py, whose releases mirror nvml.h (11.470.66, 11.495.46, 11.510.69):
+ *
+ *   nvmlDeviceGetComputeRunningProcesses_v3  510  not in pynvml 11.495.46, in 11.510.69; in the
+ *                                                 R515 header (nvml.h of R510 itself not read)
+ *   nvmlDeviceGetMemoryInfo_v2               510  same evidence; in the nvml.h of 510.39.01
+ *                                                 (NVIDIA/nvidia-settings issue #78)
+ *   nvmlDeviceGetGpuMaxPcieLinkGeneration    525  not in the R520 header, in R525
+ *   nvmlDeviceGetGpuFabricInfo               525  not in the R520 header, in R525
+ *   nvmlDeviceGetCurrentClocksEventReasons   535  not in the R530 header, in R535
+ *   nvmlDeviceGetGpuFabricInfoV              550  not in the R545 header, in R550
+ *   nvmlDeviceGetNumaNodeId                  550  not in the R545 header, in R550
+ *
+ * Not exported at all (FUNCTION_NOT_FOUND at every level): the Graphics and MPSCompute
+ * RunningProcesses calls (their _v3 came with the compute one, R510), GPM (nvmlGpm*, first in
+ * the R520 header).  Every other export is in pynvml 11.470.66, the oldest level modelled.
+ * The struct versions are not gated (nvmlGpuFabricInfo_v3, healthSummary, is first in the R580
+ * header but is served at every level that has nvmlDeviceGetGpuFabricInfoV).
+ */
+typedef enum {
+    API_COMPUTE_PROCS_V3,
+    API_MEMORY_INFO_V2,
+    API_GPU_MAX_PCIE_GEN,
+    API_FABRIC_INFO,
+    API_CLOCKS_EVENT_REASONS,
+    API_FABRIC_INFO_V,
+    API_NUMA_NODE_ID,
+    API_COUNT
+} api_t;
+
+static const unsigned api_first_branch[API_COUNT] = {
+    [API_COMPUTE_PROCS_V3] = 510,     [API_MEMORY_INFO_V2] = 510,
+    [API_GPU_MAX_PCIE_GEN] = 525,     [API_FABRIC_INFO] = 525,
+    [API_CLOCKS_EVENT_REASONS] = 535, [API_FABRIC_INFO_V] = 550,
+    [API_NUMA_NODE_ID] = 550,
+};
+
+/* enter() for an entry point of api_first_branch[] (lock taken as by enter()). */
+static nvmlReturn_t enter_api(ctx_t *c, api_t api) {
     nvmlReturn_t r = enter(c);
     if (r != NVML_SUCCESS) return r;
+    return c->s->branch < api_first_branch[api] ? NVML_ERROR_FUNCTION_NOT_FOUND : NVML_SUCCESS;
+}
+
+static nvmlReturn_t resolve_dev(ctx_t *c, nvmlDevice_t dev, int flags);
+
+static nvmlReturn_t enter_dev_api(ctx_t *c, nvmlDevice_t dev, int flags, api_t api) {
+    nvmlReturn_t r = enter_api(c, api);
+    return r != NVML_SUCCESS ? r : resolve_dev(c, dev, flags);
+}
+
+static nvmlReturn_t enter_dev(ctx_t *c, nvmlDevice_t dev, int flags) {
+    nvmlReturn_t r = enter(c);
+    return r != NVML_SUCCESS ? r : resolve_dev(c, dev, flags);
+}
+
+/* Validates the handle for enter_dev*() (lock held); fills c->g, c->gpu, c->mig. */
+static nvmlReturn_t resolve_dev(ctx_t *c, nvmlDevice_t dev, int flags) {
     unsigned gpu;
     int mig;
     if (dev == NULL || resolve_handle(dev, &gpu, &mig) != 0) return NVML_ERROR_INVALID_ARGUMENT;
@@ -1680,7 +1762,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int 
 
 EXPORT nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned int *node) {
     ctx_t c;
-    nvmlReturn_t r = enter_dev(&c, device, 0);
+    nvmlReturn_t r = enter_dev_api(&c, device, 0, API_NUMA_NODE_ID);
     if (r == NVML_SUCCESS) {
         if (node == NULL) r = NVML_ERROR_INVALID_ARGUMENT;
         else if (c.g->numa_node < 0) r = NVML_ERROR_NOT_SUPPORTED;
@@ -1801,10 +1883,12 @@ EXPORT nvmlReturn_t nvmlDeviceGetMaxClockInfo(nvmlDevice_t device, nvmlClockType
     return leave(r);
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device,
-                                                           unsigned long long *reasons) {
+/* The throttle-reason mask under either name; the "clocks event" name is R535+. */
+static nvmlReturn_t clocks_event_reasons(nvmlDevice_t device, unsigned long long *reasons,
+                                         int event_name) {
     ctx_t c;
-    nvmlReturn_t r = enter_dev(&c, device, 0);
+    nvmlReturn_t r = event_name ? enter_dev_api(&c, device, 0, API_CLOCKS_EVENT_REASONS)
+                                : enter_dev(&c, device, 0);
     if (r == NVML_SUCCESS) {
         if (reasons == NULL) {
             r = NVML_ERROR_INVALID_ARGUMENT;
@@ -1816,9 +1900,14 @@ EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device,
     return leave(r);
 }
 
+EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device,
+                                                           unsigned long long *reasons) {
+    return clocks_event_reasons(device, reasons, 1);
+}
+
 EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t device,
                                                               unsigned long long *reasons) {
-    return nvmlDeviceGetCurrentClocksEventReasons(device, reasons);
+    return clocks_event_reasons(device, reasons, 0);
 }
 
 /* ---- utilization --------------------------------------------------------- */
@@ -1935,7 +2024,9 @@ enum { PCIE_GEN_CUR, PCIE_GEN_MAX, PCIE_GEN_GPU_MAX, PCIE_WIDTH_CUR, PCIE_WIDTH_
 
 static nvmlReturn_t pcie_link_query(nvmlDevice_t device, int what, unsigned int *out) {
     ctx_t c;
-    nvmlReturn_t r = enter_dev(&c, device, 0);
+    nvmlReturn_t r = what == PCIE_GEN_GPU_MAX
+                         ? enter_dev_api(&c, device, 0, API_GPU_MAX_PCIE_GEN)
+                         : enter_dev(&c, device, 0);
     if (r != NVML_SUCCESS) return leave(r);
     if (out == NULL) return leave(NVML_ERROR_INVALID_ARGUMENT);
     switch (what) {
@@ -2185,7 +2276,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *m
 
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
     ctx_t c;
-    nvmlReturn_t r = enter_dev(&c, device, ALLOW_MIG);
+    nvmlReturn_t r = enter_dev_api(&c, device, ALLOW_MIG, API_MEMORY_INFO_V2);
     if (r != NVML_SUCCESS) return leave(r);
     if (memory == NULL) return leave(NVML_ERROR_INVALID_ARGUMENT);
     if (memory->version != nvmlMemory_v2) return leave(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
@@ -2362,9 +2453,10 @@ static int proc_visible(const ctx_t *c, const proc_t *p) {
 }
 
 static nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int *infoCount,
-                                      nvmlProcessInfo_t *infos) {
+                                      nvmlProcessInfo_t *infos, int v3) {
     ctx_t c;
-    nvmlReturn_t r = enter_dev(&c, device, ALLOW_MIG);
+    nvmlReturn_t r = v3 ? enter_dev_api(&c, device, ALLOW_MIG, API_COMPUTE_PROCS_V3)
+                        : enter_dev(&c, device, ALLOW_MIG);
     if (r != NVML_SUCCESS) return leave(r);
     if (infoCount == NULL) return leave(NVML_ERROR_INVALID_ARGUMENT);
     unsigned n = 0;
@@ -2395,13 +2487,13 @@ static nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int *infoCou
 EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
                                                             unsigned int *infoCount,
                                                             nvmlProcessInfo_t *infos) {
-    return running_processes(device, infoCount, infos);
+    return running_processes(device, infoCount, infos, 1);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device,
                                                             unsigned int *infoCount,
                                                             nvmlProcessInfo_t *infos) {
-    return running_processes(device, infoCount, infos);
+    return running_processes(device, infoCount, infos, 0);
 }
 
 /* One sample per registered process, stamped with the newest utilization sample. */
@@ -2717,7 +2809,7 @@ static void fabric_uuid(const gpu_t *g, unsigned char out[NVML_GPU_FABRIC_UUID_L
 EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t device,
                                                nvmlGpuFabricInfo_t *gpuFabricInfo) {
     ctx_t c;
-    nvmlReturn_t r = enter_dev(&c, device, 0);
+    nvmlReturn_t r = enter_dev_api(&c, device, 0, API_FABRIC_INFO);
     if (r != NVML_SUCCESS) return leave(r);
     if (gpuFabricInfo == NULL) return leave(NVML_ERROR_INVALID_ARGUMENT);
     if (!c.g->fabric) return leave(NVML_ERROR_NOT_SUPPORTED);
@@ -2733,7 +2825,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t device,
 EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device,
                                                 nvmlGpuFabricInfo_v3_t *gpuFabricInfo) {
     ctx_t c;
-    nvmlReturn_t r = enter_dev(&c, device, 0);
+    nvmlReturn_t r = enter_dev_api(&c, device, 0, API_FABRIC_INFO_V);
     if (r != NVML_SUCCESS) return leave(r);
     if (gpuFabricInfo == NULL) return leave(NVML_ERROR_INVALID_ARGUMENT);
     const unsigned version = gpuFabricInfo->version;
