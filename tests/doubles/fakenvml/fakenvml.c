@@ -2121,6 +2121,47 @@ static unsigned long long link_err_sum(const gpu_t *g, int kind) {
     return sum;
 }
 
+/* First driver branch whose nvml.h defines a field id the fake serves (0: every branch
+ * modelled).  Ids up to 160 are in nvidia-ml-py 11.470.66 (NVML_FI_MAX 161, as in the R515
+ * header); 161-166 (NVLink DL errors, state, version) are first in the R520 header (FI_MAX
+ * 167); 197/198 (PCIe byte counters) first in R555 (12.5.39; the R550 header has a gap at
+ * 197-198 and FI_MAX 200); 213-215 (NVLink5 link recovery counters) first in R560 (12.6.37).
+ *
+ * A field id the driver does not know: nvml.h documents no per-field code for it (the call
+ * returns SUCCESS "if any values were populated"; `value` is undefined unless the field's
+ * nvmlReturn is SUCCESS), and no source read here records what a driver puts there.  The
+ * fake answers NVML_ERROR_NOT_SUPPORTED, as it does for any id it does not model; a caller
+ * must read every non-SUCCESS as "no value". */
+static unsigned field_first_branch(unsigned id) {
+    if (id >= NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY && id <= NVML_FI_DEV_NVLINK_GET_VERSION)
+        return 520;
+    if (id == NVML_FI_DEV_PCIE_COUNT_TX_BYTES || id == NVML_FI_DEV_PCIE_COUNT_RX_BYTES) return 555;
+    if (id >= NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_SUCCESSFUL_EVENTS &&
+        id <= NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS)
+        return 560;
+    return 0;
+}
+
+/* Blackwell and later (NVLink5): nvml.h (R570 from 12.8.90 on, R580) marks fields 161-163
+ * "unsupported for Blackwell+. Please use NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_*", and the
+ * NVML_FI_DEV_NVLINK_COUNT_* block (201-222) is described as "in NVLink5". */
+static int nvlink5(const gpu_t *g) {
+    return g->arch >= NVML_DEVICE_ARCH_BLACKWELL && g->arch != NVML_VALUE_NOT_AVAILABLE_UINT;
+}
+
+/* Up -> down transitions of a link before t: recoveries that failed (the link was declared
+ * down), for NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS. */
+static unsigned long long link_down_events(const gpu_t *g, int link, int64_t t) {
+    unsigned long long n = 0;
+    int up = 1;
+    for (int i = 0; i < g->nls && g->ls[i].start <= t; i++) {
+        if (g->ls[i].link != link) continue;
+        if (up && !g->ls[i].up) n++;
+        up = g->ls[i].up;
+    }
+    return n;
+}
+
 /* Fills one nvmlFieldValue_t; the per-field status goes to v->nvmlReturn. */
 static nvmlReturn_t field_value(const ctx_t *c, nvmlFieldValue_t *v) {
     const gpu_t *g = c->g;
@@ -2129,6 +2170,7 @@ static nvmlReturn_t field_value(const ctx_t *c, nvmlFieldValue_t *v) {
     int link, kind;
 
     if (c->mig >= 0) return NVML_ERROR_NOT_SUPPORTED;
+    if (c->s->branch < field_first_branch(id)) return NVML_ERROR_NOT_SUPPORTED; /* unknown id */
     if ((kind = legacy_link_field(id, &link)) >= 0) {
         if (!has_nvlink) return NVML_ERROR_NOT_SUPPORTED;
         if (link < 0) {
@@ -2198,7 +2240,7 @@ static nvmlReturn_t field_value(const ctx_t *c, nvmlFieldValue_t *v) {
     case NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY:
     case NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY:
     case NVML_FI_DEV_NVLINK_ERROR_DL_CRC:
-        if (!has_nvlink) return NVML_ERROR_NOT_SUPPORTED;
+        if (!has_nvlink || nvlink5(g)) return NVML_ERROR_NOT_SUPPORTED;
         if (scope >= g->nvlink_count) return NVML_ERROR_INVALID_ARGUMENT;
         kind = id == NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY     ? LERR_REPLAY
                : id == NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY ? LERR_RECOVERY
@@ -2221,6 +2263,19 @@ static nvmlReturn_t field_value(const ctx_t *c, nvmlFieldValue_t *v) {
         double kibps = id == NVML_FI_DEV_PCIE_COUNT_TX_BYTES ? g->pcie_tx_kibps : g->pcie_rx_kibps;
         double busy = util_integral(g, UTIL_GPU, c->s->boot, c->now) / 100.0 / 1e6; /* seconds */
         fv_ull(v, u64_floor(kibps * 1024.0 * busy));
+        return NVML_SUCCESS;
+    }
+    case NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_SUCCESSFUL_EVENTS:
+    case NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS:
+    case NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS: {
+        /* successful = the "recovery" error counter, failed = times the link went down */
+        if (!has_nvlink || !nvlink5(g)) return NVML_ERROR_NOT_SUPPORTED;
+        if (scope >= g->nvlink_count) return NVML_ERROR_INVALID_ARGUMENT;
+        unsigned long long ok = g->link_err[scope][LERR_RECOVERY];
+        unsigned long long failed = link_down_events(g, (int)scope, c->now);
+        fv_ull(v, id == NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_SUCCESSFUL_EVENTS ? ok
+                  : id == NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS   ? failed
+                                                                                 : ok + failed);
         return NVML_SUCCESS;
     }
     default:
