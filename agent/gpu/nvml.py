@@ -41,6 +41,7 @@ FUNCTION_NOT_FOUND = 13
 GPU_IS_LOST = 15
 RESET_REQUIRED = 16
 LIB_RM_VERSION_MISMATCH = 18
+ARGUMENT_VERSION_MISMATCH = 25
 
 _QUIET = frozenset({NOT_SUPPORTED, FUNCTION_NOT_FOUND})
 _LOST = frozenset({GPU_IS_LOST, RESET_REQUIRED})
@@ -166,6 +167,23 @@ class Nvml:
                 return None
             return value
         return None
+
+    def raw_call(self, function: str, *args: Any) -> int:
+        """Call the C function itself, with the caller's own ctypes arguments, and return its
+        NVML code (for structs the agent lays out itself). Lost GPUs raise `GpuLost`; codes
+        other than success, NOT_SUPPORTED, FUNCTION_NOT_FOUND and ARGUMENT_VERSION_MISMATCH
+        are counted like any failed call."""
+        lib = self.lib
+        try:
+            fn = lib._nvmlGetFunctionPointer(function)
+        except lib.NVMLError as exc:
+            return int(exc.value)
+        code = int(fn(*args))
+        if code in _LOST:
+            raise GpuLost(f"{function}: error {code}")
+        if code not in (0, *_QUIET, ARGUMENT_VERSION_MISMATCH):
+            self._record(function, code, f"error {code}")
+        return code
 
     def supports(self, function: str, *args: Any) -> bool:
         """True unless the call answers NOT_SUPPORTED / FUNCTION_NOT_FOUND."""

@@ -17,11 +17,10 @@ from typing import Any
 
 from gpuscope.agent.gpu.device import Device, nvlink_count
 from gpuscope.agent.gpu.nvml import (
+    ARGUMENT_VERSION_MISMATCH,
     FUNCTION_NOT_FOUND,
-    NOT_SUPPORTED,
     GpuLost,
     Nvml,
-    NvmlCallError,
     text,
 )
 from gpuscope.agent.gpu.records import Fabric, GpuTopology, NvLinkPeer
@@ -34,7 +33,6 @@ PCIE_LEVELS: Mapping[int, str] = {
 }  # fmt: skip
 REMOTE_TYPES: Mapping[int, str] = {0: "gpu", 1: "ibmnpu", 2: "switch"}
 FABRIC_COMPLETED = 3  # nvmlGpuFabricState_t: 0 not supported, 1 not started, 2 in progress
-ARGUMENT_VERSION_MISMATCH = 25
 
 
 def read_topology(nvml: Nvml, devices: Sequence[Device]) -> GpuTopology:
@@ -77,50 +75,75 @@ def _peers(nvml: Nvml, device: Device) -> tuple[NvLinkPeer, ...]:
     return tuple(NvLinkPeer(kind, bus, n) for (kind, bus), n in sorted(ends.items()))
 
 
+class _FabricInfo(ctypes.Structure):
+    """nvmlGpuFabricInfo_t (unversioned, deprecated), as nvml.h lays it out."""
+
+    _fields_ = [
+        ("clusterUuid", ctypes.c_uint8 * 16),
+        ("status", ctypes.c_int),
+        ("cliqueId", ctypes.c_uint32),
+        ("state", ctypes.c_uint8),
+    ]
+
+
+class _FabricInfoV2(ctypes.Structure):
+    """nvmlGpuFabricInfo_v2_t, as nvml.h lays it out (version = size | 2 << 24)."""
+
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("clusterUuid", ctypes.c_uint8 * 16),
+        ("status", ctypes.c_int),
+        ("cliqueId", ctypes.c_uint32),
+        ("state", ctypes.c_uint8),
+        ("healthMask", ctypes.c_uint32),
+    ]
+
+
+class _FabricInfoV3(ctypes.Structure):
+    """nvmlGpuFabricInfo_v3_t: v2 plus a health summary (version = size | 3 << 24)."""
+
+    _fields_ = [*_FabricInfoV2._fields_, ("healthSummary", ctypes.c_uint8)]
+
+
 def _fabric_info(nvml: Nvml, device: Device) -> Any | None:
-    """The versioned nvmlDeviceGetGpuFabricInfoV (v3, else v2) where driver and bindings
-    have it; the deprecated unversioned call only where they do not."""
-    lib = nvml.lib
-    for struct in ("c_nvmlGpuFabricInfo_v3_t", "c_nvmlGpuFabricInfo_v2_t"):
-        if hasattr(lib, struct) and hasattr(lib, "nvmlDeviceGetGpuFabricInfoV"):
-            info = getattr(lib, struct)()
-            try:
-                nvml.call(
-                    "nvmlDeviceGetGpuFabricInfoV",
-                    device.handle,
-                    ctypes.byref(info),
-                    expected=frozenset({NOT_SUPPORTED, ARGUMENT_VERSION_MISMATCH}),
-                )
-            except NvmlCallError as exc:
-                if exc.code == ARGUMENT_VERSION_MISMATCH:
-                    continue  # an older driver: try the previous version
-                if exc.code == FUNCTION_NOT_FOUND:
-                    break
-                return None
+    """The versioned nvmlDeviceGetGpuFabricInfoV (v3, else v2); the deprecated unversioned
+    call only where the driver has no versioned one. The structs are the agent's own, laid
+    out as nvml.h says: pynvml's are not to be trusted here (nvidia-ml-py 12.550 declares
+    the cluster UUID as 80 chars instead of 16 bytes, which misreads every field after it)."""
+    for struct, revision in ((_FabricInfoV3, 3), (_FabricInfoV2, 2)):
+        info = struct(version=ctypes.sizeof(struct) | revision << 24)
+        code = nvml.raw_call("nvmlDeviceGetGpuFabricInfoV", device.handle, ctypes.byref(info))
+        if code == 0:
             return info
-    info = lib.c_nvmlGpuFabricInfo_t()
-    if nvml.query("nvmlDeviceGetGpuFabricInfo", device.handle, ctypes.byref(info)) is None:
-        return None
-    return info
+        if code == ARGUMENT_VERSION_MISMATCH:
+            continue  # an older driver: try the previous version
+        if code != FUNCTION_NOT_FOUND:
+            return None
+        break
+    old = _FabricInfo()
+    code = nvml.raw_call("nvmlDeviceGetGpuFabricInfo", device.handle, ctypes.byref(old))
+    return old if code == 0 else None
 
 
 def _fabric(nvml: Nvml, device: Device) -> Fabric | None:
     info = _fabric_info(nvml, device)
     if info is None:
         return None
-    state = int(info.state)
+    get = ctypes.Structure.__getattribute__
+    state = int(get(info, "state"))
     if state != FABRIC_COMPLETED:
         # `status` and the cluster UUID mean nothing before registration completed.
         return Fabric(cluster_uuid="", clique_id=0, completed=False, state=state)
-    status = int(info.status)
-    raw = bytes(info.clusterUuid)
+    status = int(get(info, "status"))
+    raw = bytes(get(info, "clusterUuid"))
     h = raw.hex()
     uuid = f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}" if any(raw) else ""
+    fields = {name for name, *_ in type(info)._fields_}
     return Fabric(
         cluster_uuid=uuid if status == 0 else "",
-        clique_id=int(info.cliqueId),
+        clique_id=int(get(info, "cliqueId")),
         completed=True,
         state=state,
         status=status,
-        health_mask=int(getattr(info, "healthMask", 0)),
+        health_mask=int(get(info, "healthMask")) if "healthMask" in fields else 0,
     )
