@@ -548,8 +548,9 @@ def test_memory_ecc_and_row_remapping(make_fake: Make) -> None:
     h = nv.nvmlDeviceGetHandleByIndex(1)
     total, reserved = 81920 * MIB, 655 * MIB
     fake.set_memory_used(1, 30 * 1024**3)
-    v1 = nv.nvmlDeviceGetMemoryInfo(h)
-    assert (v1.total, v1.used, v1.free) == (total, 30 * 1024**3, total - 30 * 1024**3)
+    v1 = nv.nvmlDeviceGetMemoryInfo(h)  # v1 used = reserved + allocated (nvml.h)
+    used = reserved + 30 * 1024**3
+    assert (v1.total, v1.used, v1.free) == (total, used, total - used)
     v2 = nv.nvmlDeviceGetMemoryInfo(h, version=nv.nvmlMemory_v2)
     assert (v2.total, v2.reserved, v2.used) == (total, reserved, 30 * 1024**3)
     assert v2.free == total - reserved - 30 * 1024**3
@@ -764,27 +765,32 @@ def test_mig_processes(make_fake: Make) -> None:
 # ---- state file handling ---------------------------------------------------------------------
 
 
+def used_v2(handle: Any) -> int:
+    """Allocated memory alone (v1's used also holds the reservation)."""
+    return int(nv.nvmlDeviceGetMemoryInfo(handle, version=nv.nvmlMemory_v2).used)
+
+
 def test_state_is_reread_after_every_change(make_fake: Make) -> None:
     fake = make_fake("pcie-l40s")
     h = nv.nvmlDeviceGetHandleByIndex(0)
     for i in range(200):  # many writes within the same millisecond, same file size
         fake.set_memory_used(0, (1000 + i) * MIB)
-        assert nv.nvmlDeviceGetMemoryInfo(h).used == (1000 + i) * MIB
+        assert used_v2(h) == (1000 + i) * MIB
 
 
 def test_broken_or_missing_state_keeps_the_last_good_one(make_fake: Make) -> None:
     fake = make_fake("pcie-l40s")
     h = nv.nvmlDeviceGetHandleByIndex(0)
     fake.set_memory_used(0, 7 * MIB)
-    assert nv.nvmlDeviceGetMemoryInfo(h).used == 7 * MIB
+    assert used_v2(h) == 7 * MIB
     tmp = fake.state_path.with_suffix(".broken")
     tmp.write_text("fakenvml-state 1\ngpus 4\ng 9 name x\nend\n")
     os.replace(tmp, fake.state_path)
-    assert nv.nvmlDeviceGetMemoryInfo(h).used == 7 * MIB
+    assert used_v2(h) == 7 * MIB
     fake.state_path.unlink()
-    assert nv.nvmlDeviceGetMemoryInfo(h).used == 7 * MIB
+    assert used_v2(h) == 7 * MIB
     fake.set_memory_used(0, 8 * MIB)
-    assert nv.nvmlDeviceGetMemoryInfo(h).used == 8 * MIB
+    assert used_v2(h) == 8 * MIB
 
 
 def test_batch_writes_once(tmp_path: Path) -> None:

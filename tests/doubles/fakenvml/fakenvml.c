@@ -2316,6 +2316,8 @@ static void memory_numbers(const ctx_t *c, unsigned long long *total, unsigned l
     *used = c->g->mem_used < *total - *reserved ? c->g->mem_used : *total - *reserved;
 }
 
+/* v1 has no reserved member: nvml.h defines its used as the "Sum of Reserved and Allocated
+ * device memory" (v2 reports the two apart, its used being the allocated part). */
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
     ctx_t c;
     nvmlReturn_t r = enter_dev(&c, device, ALLOW_MIG);
@@ -2324,8 +2326,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *m
     unsigned long long total, reserved, used;
     memory_numbers(&c, &total, &reserved, &used);
     memory->total = total;
-    memory->used = used;
-    memory->free = total - used;
+    memory->used = reserved + used;
+    memory->free = total - reserved - used;
     return leave(NVML_SUCCESS);
 }
 
