@@ -1224,3 +1224,180 @@ def test_nvlink_remote_must_cover_every_link(
     with pytest.raises(ValueError, match="covers 11 links"):
         FakeNvml("bad", tmp_path / "state")
 
+
+# ---- API and field levels: each profile's driver branch --------------------------------------
+
+BRANCHES = {"hgx-a100-r470": 470, "hgx-a100-mig": 535, "dgx-h100": 550, "mixed": 560,
+            "gb200-nvl": 570}  # fmt: skip
+
+# Entry points newer than the oldest branch modelled, with the first branch that has each.
+LEVELED_CALLS: list[tuple[str, int, Callable[[Any], Any]]] = [
+    ("nvmlDeviceGetComputeRunningProcesses_v3", 510, nv.nvmlDeviceGetComputeRunningProcesses_v3),
+    ("nvmlDeviceGetMemoryInfo_v2", 510, lambda h: nv.nvmlDeviceGetMemoryInfo(h, nv.nvmlMemory_v2)),
+    ("nvmlDeviceGetGpuMaxPcieLinkGeneration", 525, nv.nvmlDeviceGetGpuMaxPcieLinkGeneration),
+    ("nvmlDeviceGetGpuFabricInfo", 525,
+     lambda h: nv.nvmlDeviceGetGpuFabricInfo(h, ctypes.byref(nv.c_nvmlGpuFabricInfo_t()))),
+    ("nvmlDeviceGetCurrentClocksEventReasons", 535, nv.nvmlDeviceGetCurrentClocksEventReasons),
+    ("nvmlDeviceGetGpuFabricInfoV", 550,
+     lambda h: nv.nvmlDeviceGetGpuFabricInfoV(h, ctypes.byref(nv.c_nvmlGpuFabricInfoV_t()))),
+    ("nvmlDeviceGetNumaNodeId", 550, nv.nvmlDeviceGetNumaNodeId),
+]  # fmt: skip
+
+
+def present(call: Callable[[], Any]) -> bool:
+    """False when the call raises FUNCTION_NOT_FOUND; any other answer means the driver has it."""
+    try:
+        call()
+    except nv.NVMLError_FunctionNotFound:
+        return False
+    except nv.NVMLError:
+        return True  # NOT_SUPPORTED (no fabric, say): the entry point exists
+    return True
+
+
+def test_every_profile_has_a_known_branch() -> None:
+    assert set(BRANCHES) | {"hgx-nvlink-bridge", "pcie-l40s"} == set(list_profiles())
+    for profile, branch in BRANCHES.items():
+        assert int(load_profile(profile)["driver_version"].split(".")[0]) == branch
+
+
+@pytest.mark.parametrize("profile", list(BRANCHES))
+def test_entry_points_exist_from_their_branch_on(make_fake: Make, profile: str) -> None:
+    fake = make_fake(profile)
+    branch = BRANCHES[profile]
+    h = nv.nvmlDeviceGetHandleByIndex(0)
+    got = {name: present(lambda call=call: call(h)) for name, _, call in LEVELED_CALLS}
+    assert got == {name: branch >= first for name, first, _ in LEVELED_CALLS}
+    # FUNCTION_NOT_FOUND comes before any argument is looked at, as a missing symbol does.
+    code = lib().nvmlDeviceGetNumaNodeId(None, None)
+    assert code == (nv.NVML_ERROR_INVALID_ARGUMENT if branch >= 550 else 13)
+    # The older names always answer.
+    assert nv.nvmlDeviceGetCurrentClocksThrottleReasons(h) & nv.nvmlClocksThrottleReasonGpuIdle
+    assert nv.nvmlDeviceGetComputeRunningProcesses_v2(h) == []
+    total = load_profile(profile)["gpus"][0]["memory_total_mib"] * MIB
+    assert nv.nvmlDeviceGetMemoryInfo(h).total == total == fake.gpu_info(0)["mem_total"]
+
+
+def test_r470_processes_only_through_v2(make_fake: Make) -> None:
+    fake = make_fake("hgx-a100-r470")
+    h = nv.nvmlDeviceGetHandleByIndex(3)
+    fake.add_process(3, 4242, 2 * 1024**3)
+    with pytest.raises(err(nv.NVML_ERROR_FUNCTION_NOT_FOUND)):
+        nv.nvmlDeviceGetComputeRunningProcesses_v3(h)
+    # The unversioned wrapper calls _v3 and turns FUNCTION_NOT_FOUND into a mismatch error,
+    # as it does on a real R470 driver.
+    with pytest.raises(nv.NVMLLibraryMismatchError):
+        nv.nvmlDeviceGetComputeRunningProcesses(h)
+    [proc] = nv.nvmlDeviceGetComputeRunningProcesses_v2(h)
+    assert (proc.pid, proc.usedGpuMemory) == (4242, 2 * 1024**3)
+    assert (proc.gpuInstanceId, proc.computeInstanceId) == (NO_INSTANCE, NO_INSTANCE)
+
+
+def test_r535_unversioned_process_wrapper_works(make_fake: Make) -> None:
+    fake = make_fake("hgx-a100-mig")
+    fake.add_process(0, 4242, MIB)
+    [proc] = nv.nvmlDeviceGetComputeRunningProcesses(nv.nvmlDeviceGetHandleByIndex(0))
+    assert proc.pid == 4242
+
+
+def test_r470_profile_is_an_hgx_a100_without_mig(make_fake: Make) -> None:
+    fake = make_fake("hgx-a100-r470")
+    assert nv.nvmlSystemGetDriverVersion() == "470.223.02"
+    assert nv.nvmlSystemGetNVMLVersion() == "11.470.223.02"
+    assert nv.nvmlSystemGetCudaDriverVersion() == 11040
+    for h in handles(fake):
+        assert nv.nvmlDeviceGetName(h) == "NVIDIA A100-SXM4-80GB"
+        assert nv.nvmlDeviceGetMigMode(h) == [nv.NVML_DEVICE_MIG_DISABLE] * 2
+        assert fields(h, [nv.NVML_FI_DEV_NVLINK_LINK_COUNT])[0].value.uiVal == 12
+    assert fake.topology(0) == load_profile("hgx-a100-mig")["gpus"][0]["topology"]
+
+
+def test_memory_v1_used_is_reserved_plus_allocated(make_fake: Make) -> None:
+    fake = make_fake("hgx-a100-r470")
+    h = nv.nvmlDeviceGetHandleByIndex(2)
+    total, reserved, allocated = 81920 * MIB, 655 * MIB, 12 * 1024**3
+    fake.set_memory_used(2, allocated)
+    v1 = nv.nvmlDeviceGetMemoryInfo(h)
+    used = reserved + allocated
+    assert (v1.total, v1.used, v1.free) == (total, used, total - used)
+    with pytest.raises(err(nv.NVML_ERROR_FUNCTION_NOT_FOUND)):  # R510+: no reserved before
+        nv.nvmlDeviceGetMemoryInfo(h, version=nv.nvmlMemory_v2)
+    fake = make_fake("hgx-a100-mig")  # the same GPU on R535 reports the two apart
+    fake.set_memory_used(2, allocated)
+    h = nv.nvmlDeviceGetHandleByIndex(2)
+    v2 = nv.nvmlDeviceGetMemoryInfo(h, version=nv.nvmlMemory_v2)
+    assert (v2.reserved, v2.used, v2.free) == (reserved, allocated, total - reserved - allocated)
+    assert nv.nvmlDeviceGetMemoryInfo(h).used == v2.reserved + v2.used
+
+
+NVLINK_DL_FIELDS = [
+    nv.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY,
+    nv.NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY,
+    nv.NVML_FI_DEV_NVLINK_ERROR_DL_CRC,
+    nv.NVML_FI_DEV_NVLINK_GET_STATE,
+    nv.NVML_FI_DEV_NVLINK_GET_VERSION,
+]
+RECOVERY_FIELDS = [
+    nv.NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_SUCCESSFUL_EVENTS,  # 213
+    nv.NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS,  # 214
+    nv.NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS,  # 215
+]
+PCIE_BYTES = [nv.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, nv.NVML_FI_DEV_PCIE_COUNT_RX_BYTES]
+
+
+def returns(handle: Any, ids: list[int | tuple[int, int]]) -> list[int]:
+    return [v.nvmlReturn for v in fields(handle, ids)]
+
+
+def test_nvlink_fields_161_to_166_are_r520_and_later(make_fake: Make) -> None:
+    ids: list[int | tuple[int, int]] = [(f, 0) for f in NVLINK_DL_FIELDS]
+    make_fake("hgx-a100-r470")  # an A100 with 12 NVLinks, but a driver that predates the ids
+    h = nv.nvmlDeviceGetHandleByIndex(0)
+    assert returns(h, ids) == [nv.NVML_ERROR_NOT_SUPPORTED] * 5
+    legacy = [nv.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_L0, nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX]
+    assert returns(h, [legacy[0], (legacy[1], 0)]) == [nv.NVML_SUCCESS] * 2  # R470 has these
+    assert nv.nvmlDeviceGetNvLinkState(h, 0) == nv.NVML_FEATURE_ENABLED
+    make_fake("hgx-a100-mig")
+    assert returns(nv.nvmlDeviceGetHandleByIndex(0), ids) == [nv.NVML_SUCCESS] * 5
+
+
+def test_pcie_byte_counters_are_r555_and_later(make_fake: Make) -> None:
+    make_fake("dgx-h100")  # R550: H100 counts PCIe bytes, but its driver has no field for it
+    not_supported = [nv.NVML_ERROR_NOT_SUPPORTED] * 2
+    assert returns(nv.nvmlDeviceGetHandleByIndex(0), PCIE_BYTES) == not_supported
+    fake = make_fake("mixed")  # R560
+    h = nv.nvmlDeviceGetHandleByIndex(0)
+    before = fields(h, PCIE_BYTES)
+    assert [v.nvmlReturn for v in before] == [nv.NVML_SUCCESS] * 2
+    fake.set_utilization(0, 100)
+    fake.advance(1.0)
+    after = fields(h, PCIE_BYTES)
+    pcie = 53710937 * 1024  # max KiB/s at 100 % for one second, in bytes
+    for b, a in zip(before, after, strict=True):
+        assert a.value.ullVal - b.value.ullVal == pytest.approx(pcie, abs=1024)
+    # A GPU without byte counters (the L40S) on the same driver
+    assert returns(nv.nvmlDeviceGetHandleByIndex(2), PCIE_BYTES) == not_supported
+
+
+def test_blackwell_nvlink_errors_are_the_link_recovery_counters(make_fake: Make) -> None:
+    fake = make_fake("gb200-nvl")
+    h = nv.nvmlDeviceGetHandleByIndex(0)
+    dl = [(f, 2) for f in NVLINK_DL_FIELDS[:3]]
+    recovery: list[int | tuple[int, int]] = [(f, 2) for f in RECOVERY_FIELDS]
+    assert returns(h, dl) == [nv.NVML_ERROR_NOT_SUPPORTED] * 3  # "unsupported for Blackwell+"
+    assert [v.value.ullVal for v in fields(h, recovery)] == [0, 0, 0]
+    fake.add_nvlink_errors(0, 2, "recovery", 3)  # recovered: the link stayed up
+    fake.add_nvlink_errors(0, 2, "replay", 5)  # no NVLink5 counter serves replays
+    fake.advance(1.0)
+    fake.set_nvlink_up(0, 2, False)  # a recovery that failed: the link is declared down
+    fake.advance(1.0)
+    values = fields(h, recovery)
+    assert [v.nvmlReturn for v in values] == [nv.NVML_SUCCESS] * 3
+    assert [v.value.ullVal for v in values] == [3, 1, 4]
+    assert returns(h, [(RECOVERY_FIELDS[0], 18)]) == [nv.NVML_ERROR_INVALID_ARGUMENT]
+    assert returns(h, [(nv.NVML_FI_DEV_NVLINK_GET_STATE, 2)]) == [nv.NVML_SUCCESS]
+    # Hopper (NVLink4), even on a driver that knows the ids, has none of them.
+    make_fake("mixed")
+    h = nv.nvmlDeviceGetHandleByIndex(0)
+    assert returns(h, [(f, 0) for f in RECOVERY_FIELDS]) == [nv.NVML_ERROR_NOT_SUPPORTED] * 3
+    assert returns(h, [(f, 0) for f in NVLINK_DL_FIELDS[:3]]) == [nv.NVML_SUCCESS] * 3
