@@ -76,13 +76,16 @@ def _peers(nvml: Nvml, device: Device) -> tuple[NvLinkPeer, ...]:
 
 
 class _FabricInfo(ctypes.Structure):
-    """nvmlGpuFabricInfo_t (unversioned, deprecated), as nvml.h lays it out."""
+    """nvmlGpuFabricInfo_t (unversioned, deprecated), as nvml.h lays it out, plus slack: the
+    unversioned call carries no size, and pynvml declares `state` 4 bytes wide (32 in all),
+    so a driver built that way must not write past the buffer."""
 
     _fields_ = [
         ("clusterUuid", ctypes.c_uint8 * 16),
         ("status", ctypes.c_int),
         ("cliqueId", ctypes.c_uint32),
         ("state", ctypes.c_uint8),
+        ("_slack", ctypes.c_uint8 * 8),
     ]
 
 
