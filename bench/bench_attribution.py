@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -142,6 +143,88 @@ def summary(times: list[float]) -> tuple[float, float]:
     return statistics.median(times) * 1e3, statistics.quantiles(times, n=10)[-1] * 1e3
 
 
+def count_series(text: str) -> int:
+    """Sample lines of an exposition: every line that is neither blank nor a comment."""
+    return sum(1 for line in text.splitlines() if line and line[0] != "#")
+
+
+def count_named(text: str) -> int:
+    """Pod network series that name their pod: attribution reached the pods it should."""
+    return sum(
+        1
+        for line in text.splitlines()
+        if line.startswith("gpuscope_pod_network_transmit_bytes_total") and 'pod="pod-' in line
+    )
+
+
+@dataclass
+class Measured:
+    """Everything one run measures, kept together so the report is printed in one place."""
+
+    times: list[float]
+    base_times: list[float]
+    body: bytes
+    base_body: bytes
+    cpu_share: float
+    rss: float
+    anon: float
+    inproc: list[float]
+    inproc_base: list[float]
+
+
+def measure(
+    procs: tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]],
+    urls: tuple[str, str],
+    full: Agent,
+    gpu_only: Agent,
+    args: argparse.Namespace,
+) -> Measured:
+    """Scrapes of both agents over HTTP, the full agent's CPU and memory, then (with the
+    subprocesses stopped, so they take no CPU from it) the in-process render times."""
+    agent, base = procs
+    url, base_url = urls
+    times, body = scrape_times(url, args.scrapes)
+    base_times, base_body = scrape_times(base_url, args.scrapes)
+    cpu_share = cpu_window(agent.pid, url, args.window)
+    rss, anon = proc_rss_mb(agent.pid)
+    agent.terminate()
+    base.terminate()
+    inproc, inproc_base = render_times(full, gpu_only, args.scrapes)
+    return Measured(times, base_times, body, base_body, cpu_share, rss, anon, inproc, inproc_base)
+
+
+def report(m: Measured, window: float) -> None:
+    """The lines docs/performance.md quotes, each next to its budget."""
+    text = m.body.decode()
+    imed, ip90 = summary(m.inproc)
+    ibmed, _ = summary(m.inproc_base)
+    med, p90 = summary(m.times)
+    bmed, bp90 = summary(m.base_times)
+    print(f"series: {count_series(text)} (GPU-only agent: {count_series(m.base_body.decode())}); "
+          f"pods with named network series: {count_named(text)}")  # fmt: skip
+    print(f"render (collect every source + attribution + text), in-process: "
+          f"median {imed:.2f} ms, p90 {ip90:.2f} ms  (budget: median <= 25 ms); "
+          f"GPU-only: {ibmed:.2f} ms")  # fmt: skip
+    print(f"/metrics latency over HTTP, all sources + attribution: "
+          f"median {med:.2f} ms, p90 {p90:.2f} ms")  # fmt: skip
+    print(f"/metrics latency, GPU-only agent (baseline): median {bmed:.2f} ms, "
+          f"p90 {bp90:.2f} ms; ratio {med / bmed:.2f}")  # fmt: skip
+    print(f"agent CPU, scraped every 15 s for {window:.0f} s: "
+          f"{m.cpu_share:.2%} of one core")  # fmt: skip
+    print(f"agent RSS {m.rss:.1f} MB, anonymous {m.anon:.1f} MB  "
+          "(budget: RSS <= 180 MB, anonymous <= 100 MB)")  # fmt: skip
+
+
+def stop_all(agents: tuple[Agent, Agent], procs: tuple[subprocess.Popen[bytes], ...]) -> None:
+    """Stop the in-process agents and reap the subprocesses, whether or not the run got far."""
+    for a in agents:
+        a.stop()
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+        p.wait(timeout=10)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--pods", type=int, default=PODS)
@@ -162,48 +245,10 @@ def main() -> int:
                 grow(node, args.pods)
                 print(f"{args.pods} pods started in {time.monotonic() - t0:.1f} s")
                 time.sleep(3)  # a kubelet poll and the API watch catch up
-                times, body = scrape_times(url, args.scrapes)
-                base_times, base_body = scrape_times(base_url, args.scrapes)
-                text = body.decode()
-                series = sum(1 for line in text.splitlines() if line and line[0] != "#")
-                named = sum(
-                    1
-                    for line in text.splitlines()
-                    if line.startswith("gpuscope_pod_network_transmit_bytes_total")
-                    and 'pod="pod-' in line
-                )
-                cpu_share = cpu_window(agent.pid, url, args.window)
-                rss, anon = proc_rss_mb(agent.pid)
-                agent.terminate()
-                base.terminate()
-                inproc, inproc_base = render_times(full, gpu_only, args.scrapes)
-                imed, ip90 = summary(inproc)
-                ibmed, _ = summary(inproc_base)
-                med, p90 = summary(times)
-                bmed, bp90 = summary(base_times)
-                base_series = sum(
-                    1 for line in base_body.decode().splitlines() if line and line[0] != "#"
-                )
-                print(f"series: {series} (GPU-only agent: {base_series}); "
-                      f"pods with named network series: {named}")  # fmt: skip
-                print(f"render (collect every source + attribution + text), in-process: "
-                      f"median {imed:.2f} ms, p90 {ip90:.2f} ms  (budget: median <= 25 ms); "
-                      f"GPU-only: {ibmed:.2f} ms")  # fmt: skip
-                print(f"/metrics latency over HTTP, all sources + attribution: "
-                      f"median {med:.2f} ms, p90 {p90:.2f} ms")  # fmt: skip
-                print(f"/metrics latency, GPU-only agent (baseline): median {bmed:.2f} ms, "
-                      f"p90 {bp90:.2f} ms; ratio {med / bmed:.2f}")  # fmt: skip
-                print(f"agent CPU, scraped every 15 s for {args.window:.0f} s: "
-                      f"{cpu_share:.2%} of one core")  # fmt: skip
-                print(f"agent RSS {rss:.1f} MB, anonymous {anon:.1f} MB  "
-                      "(budget: RSS <= 180 MB, anonymous <= 100 MB)")  # fmt: skip
+                m = measure((agent, base), (url, base_url), full, gpu_only, args)
+                report(m, args.window)
             finally:
-                full.stop()
-                gpu_only.stop()
-                for p in (agent, base):
-                    if p.poll() is None:
-                        p.terminate()
-                    p.wait(timeout=10)
+                stop_all((full, gpu_only), (agent, base))
     return 0
 
 

@@ -160,18 +160,18 @@ def agent_memory(collectors: str, state: Path) -> dict[str, float]:
         proc.wait(timeout=10)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--seconds", type=float, default=2.0)
-    args = parser.parse_args()
-    if os.geteuid() != 0:
-        print("bench_net: needs root (BPF)", file=sys.stderr)
-        return 1
-    ensure_built()
+Rounds = tuple[float, float, list[float], list[float]]
+
+
+def build_rr() -> None:
+    """Compile bench/rr.c each run, so the request/response client matches this machine."""
     RR.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run(["cc", "-O2", "-Wall", "-o", str(RR), str(REPO / "bench" / "rr.c")], check=True)
 
+
+def measure_traffic(rounds: int, seconds: float) -> tuple[Rounds, Rounds, dict[str, float]]:
+    """The stream and request/response rounds and per-program costs, with both servers up
+    only for as long as they are measured against."""
     iperf_port, rr_port = free_port(), free_port()
     servers = [
         subprocess.Popen(["iperf3", "-s", "-p", str(iperf_port)], stdout=subprocess.DEVNULL),
@@ -179,22 +179,20 @@ def main() -> int:
     ]
     time.sleep(0.5)
     try:
-        stream = alternate(lambda: iperf3_round(iperf_port, args.seconds), args.rounds)
-        rr = alternate(lambda: rr_round(rr_port, 64, args.seconds), args.rounds)
+        stream = alternate(lambda: iperf3_round(iperf_port, seconds), rounds)
+        rr = alternate(lambda: rr_round(rr_port, 64, seconds), rounds)
         costs = program_costs(rr_port) if shutil.which("bpftool") else {}
     finally:
         for s in servers:
             s.terminate()
             s.wait()
-    loads = load_times(5)
-    with tempfile.TemporaryDirectory() as tmp:
-        gpu_only = agent_memory("gpu", Path(tmp) / "a")
-        both = agent_memory("gpu,net", Path(tmp) / "b")
+    return stream, rr, costs
 
+
+def print_overhead(stream: Rounds, rr: Rounds, costs: dict[str, float], rounds: int) -> None:
+    """The traffic ratios with their intervals, so a reader sees how sure each one is."""
     print("gpuscope network-probe benchmark (loopback, real kernel, probes in tracepoint mode)")
-    print(
-        f"  iperf3 TCP stream, probes on    {stream[0] / 1e9:8.2f} Gbit/s (median of {args.rounds})"
-    )
+    print(f"  iperf3 TCP stream, probes on    {stream[0] / 1e9:8.2f} Gbit/s (median of {rounds})")
     print(f"  iperf3 TCP stream, probes off   {stream[1] / 1e9:8.2f} Gbit/s")
     lo, hi = ratio_interval(stream[2], stream[3])
     print(f"  ratio                           {stream[0] / stream[1]:8.3f}   (budget >= 0.97; "
@@ -206,6 +204,10 @@ def main() -> int:
           f"95% interval {lo:.3f}-{hi:.3f})")  # fmt: skip
     for name, ns in costs.items():
         print(f"  program time per event, {name:<20} {ns:6.0f} ns")
+
+
+def print_agent(loads: list[float], gpu_only: dict[str, float], both: dict[str, float]) -> None:
+    """Load time and the agent's memory against the budgets in the module docstring."""
     print(
         f"  probe compile + load, median    {statistics.median(loads):8.2f} s  ({len(loads)} loads)"
     )
@@ -217,11 +219,35 @@ def main() -> int:
             f"(RssAnon {mem['RssAnon']:.1f}, RssFile {mem['RssFile']:.1f})"
         )
     print("  budgets: RSS <= 160 MB and RssAnon <= 80 MB with both sources")
+
+
+def print_rounds(stream: Rounds, rr: Rounds) -> None:
+    """Every round, on / off, so drift or an outlier shows behind the medians."""
     print("  rounds (on / off):")
     print("    stream  " + " ".join(f"{v / 1e9:.2f}" for v in stream[2]) + " / "
           + " ".join(f"{v / 1e9:.2f}" for v in stream[3]))  # fmt: skip
     print("    rr      " + " ".join(f"{v:.0f}" for v in rr[2]) + " / "
           + " ".join(f"{v:.0f}" for v in rr[3]))  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--seconds", type=float, default=2.0)
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        print("bench_net: needs root (BPF)", file=sys.stderr)
+        return 1
+    ensure_built()
+    build_rr()
+    stream, rr, costs = measure_traffic(args.rounds, args.seconds)
+    loads = load_times(5)
+    with tempfile.TemporaryDirectory() as tmp:
+        gpu_only = agent_memory("gpu", Path(tmp) / "a")
+        both = agent_memory("gpu,net", Path(tmp) / "b")
+    print_overhead(stream, rr, costs, args.rounds)
+    print_agent(loads, gpu_only, both)
+    print_rounds(stream, rr)
     return 0
 
 

@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -206,68 +207,125 @@ def _pod_sums(m: Exposition, name: str) -> dict[PodKey, float]:
     return out
 
 
-def pods_summary(now: Exposition, before: Exposition | None, elapsed: float) -> str:
-    """Per pod: its workload, GPUs, GPU memory and utilization, idle time, network sent."""
+def _pod_key(d: dict[str, str]) -> PodKey:
+    return (d.get("namespace", ""), d.get("pod", ""))
+
+
+def _pod_gpus_and_workloads(m: Exposition) -> tuple[dict[PodKey, set[str]], dict[PodKey, str]]:
+    """GPUs each pod holds and its workload; the allocation's workload wins over pod_info's,
+    which names the workload of pods that hold no GPU."""
     gpus: dict[PodKey, set[str]] = {}
     workload: dict[PodKey, str] = {}
-    for labels in now.series("gpuscope_gpu_allocation_info"):
+    for labels in m.series("gpuscope_gpu_allocation_info"):
         d = dict(labels)
-        key = (d.get("namespace", ""), d.get("pod", ""))
+        key = _pod_key(d)
         gpus.setdefault(key, set()).add(d.get("gpu", "?"))
         if d.get("workload"):
             workload[key] = f"{d.get('workload_kind', '')}/{d['workload']}"
-    for labels in now.series("gpuscope_pod_info"):
+    for labels in m.series("gpuscope_pod_info"):
         d = dict(labels)
-        key = (d.get("namespace", ""), d.get("pod", ""))
+        key = _pod_key(d)
         if d.get("workload") and key not in workload:
             workload[key] = f"{d.get('workload_kind', '')}/{d['workload']}"
-    memory = _pod_sums(now, "gpuscope_pod_gpu_memory_bytes")
-    util_sum = _pod_sums(now, "gpuscope_pod_gpu_utilization_ratio")
-    util_n: dict[PodKey, int] = {}
-    for labels in now.series("gpuscope_pod_gpu_utilization_ratio"):
+    return gpus, workload
+
+
+def _pod_counts(m: Exposition, name: str) -> dict[PodKey, int]:
+    """Series per pod, to average a ratio that _pod_sums adds up."""
+    out: dict[PodKey, int] = {}
+    for labels in m.series(name):
         d = dict(labels)
         if d.get("pod"):
             key = (d.get("namespace", ""), d["pod"])
-            util_n[key] = util_n.get(key, 0) + 1
-    idle = {
-        dict(k).get("gpu", ""): v
-        for k, v in now.series("gpuscope_gpu_allocated_idle_seconds").items()
-    }
-    tx = _pod_sums(now, "gpuscope_pod_network_transmit_bytes_total")
-    tx_before = _pod_sums(before, "gpuscope_pod_network_transmit_bytes_total") if before else {}
-    keys = sorted(set(gpus) | set(workload) | set(memory) | set(tx))
-    keys = [k for k in keys if k[1]]
-    if not keys:
-        return "pods: no per-pod series yet (see collectors kubelet and pods above)"
-    rows = [
-        f"{'pod':<42} {'workload':<22} {'GPUs':<8} {'GPU mem':>9} {'util':>5} "
-        f"{'idle':>6} {'net tx':>10} {'total':>9}"
-    ]
-    for key in keys:
-        held = sorted(gpus.get(key, ()), key=lambda g: int(g) if g.isdigit() else -1)
-        idle_s = max((idle.get(g, 0.0) for g in held), default=None)
-        util = util_sum[key] / util_n[key] if util_n.get(key) else None
+            out[key] = out.get(key, 0) + 1
+    return out
+
+
+@dataclass
+class _PodView:
+    """The per-pod series of one scrape (and the previous one's network, for a rate)."""
+
+    gpus: dict[PodKey, set[str]]
+    workload: dict[PodKey, str]
+    memory: dict[PodKey, float]
+    util_sum: dict[PodKey, float]
+    util_n: dict[PodKey, int]
+    idle: dict[str, float]
+    tx: dict[PodKey, float]
+    tx_before: dict[PodKey, float]
+
+    @classmethod
+    def of(cls, now: Exposition, before: Exposition | None) -> _PodView:
+        gpus, workload = _pod_gpus_and_workloads(now)
+        idle = {
+            dict(k).get("gpu", ""): v
+            for k, v in now.series("gpuscope_gpu_allocated_idle_seconds").items()
+        }
+        return cls(
+            gpus=gpus,
+            workload=workload,
+            memory=_pod_sums(now, "gpuscope_pod_gpu_memory_bytes"),
+            util_sum=_pod_sums(now, "gpuscope_pod_gpu_utilization_ratio"),
+            util_n=_pod_counts(now, "gpuscope_pod_gpu_utilization_ratio"),
+            idle=idle,
+            tx=_pod_sums(now, "gpuscope_pod_network_transmit_bytes_total"),
+            tx_before=(
+                _pod_sums(before, "gpuscope_pod_network_transmit_bytes_total") if before else {}
+            ),
+        )
+
+    def keys(self) -> list[PodKey]:
+        """Every named pod any series mentions, in order."""
+        keys = sorted(set(self.gpus) | set(self.workload) | set(self.memory) | set(self.tx))
+        return [k for k in keys if k[1]]
+
+    def row(self, key: PodKey, elapsed: float) -> str:
+        held = sorted(self.gpus.get(key, ()), key=lambda g: int(g) if g.isdigit() else -1)
+        idle_s = max((self.idle.get(g, 0.0) for g in held), default=None)
+        util = self.util_sum[key] / self.util_n[key] if self.util_n.get(key) else None
+        tx, tx_before, memory = self.tx, self.tx_before, self.memory
         rate = (
             f"{(tx[key] - tx_before[key]) / elapsed / MB:6.1f} MB/s"
             if key in tx and key in tx_before and elapsed > 0
             else "         -"
         )
-        rows.append(
-            f"{key[0] + '/' + key[1]:<42.42} {workload.get(key, '-'):<22.22} "
+        return (
+            f"{key[0] + '/' + key[1]:<42.42} {self.workload.get(key, '-'):<22.22} "
             f"{','.join(held) or '-':<8} "
             f"{(f'{memory[key] / GIB:5.1f} GiB' if key in memory else '-'):>9} "
             f"{(f'{util:5.0%}' if util is not None else '-'):>5} "
             f"{(f'{idle_s:5.0f}s' if idle_s is not None else '-'):>6} {rate:>10} "
             f"{(f'{tx[key] / MB:6.1f} MB' if key in tx else '-'):>9}"
         )
+
+
+def _stray_line(m: Exposition) -> str | None:
+    """GPU memory no allocation accounts for, the leak a reader of the demo should notice."""
     stray = {
         dict(k).get("gpu", "?"): v
-        for k, v in now.series("gpuscope_gpu_unallocated_memory_bytes").items()
+        for k, v in m.series("gpuscope_gpu_unallocated_memory_bytes").items()
         if v > 0
     }
+    if not stray:
+        return None
+    where = ", ".join(f"GPU {g}: {v / GIB:.1f} GiB" for g, v in sorted(stray.items()))
+    return f"memory held outside the GPUs' allocations: {where}"
+
+
+def pods_summary(now: Exposition, before: Exposition | None, elapsed: float) -> str:
+    """Per pod: its workload, GPUs, GPU memory and utilization, idle time, network sent."""
+    view = _PodView.of(now, before)
+    keys = view.keys()
+    if not keys:
+        return "pods: no per-pod series yet (see collectors kubelet and pods above)"
+    rows = [
+        f"{'pod':<42} {'workload':<22} {'GPUs':<8} {'GPU mem':>9} {'util':>5} "
+        f"{'idle':>6} {'net tx':>10} {'total':>9}"
+    ]
+    rows.extend(view.row(key, elapsed) for key in keys)
+    stray = _stray_line(now)
     if stray:
-        where = ", ".join(f"GPU {g}: {v / GIB:.1f} GiB" for g, v in sorted(stray.items()))
-        rows.append(f"memory held outside the GPUs' allocations: {where}")
+        rows.append(stray)
     return "\n".join(rows)
 
 

@@ -97,19 +97,15 @@ def _rule_matches(operation: str, resource: str) -> bool:
     return False
 
 
-def admit(
+def _activation(
     old: Mapping[str, Any],
     new: Mapping[str, Any],
-    *,
-    username: str = AGENT,
-    extra: Mapping[str, list[str]] | None = None,
-    operation: str = "UPDATE",
-    subresource: str = "",
-) -> Decision:
-    """Evaluate the policy for one request, as the API server does."""
-    resource = "nodes" + (f"/{subresource}" if subresource else "")
-    if not _rule_matches(operation, resource):
-        return Decision(applies=False)
+    username: str,
+    extra: Mapping[str, list[str]] | None,
+    operation: str,
+    subresource: str,
+) -> dict[str, Any]:
+    """The CEL variables the API server binds for one Node request (no params, no namespace)."""
     user: dict[str, Any] = {
         "username": username,
         "groups": ["system:serviceaccounts", "system:authenticated"],
@@ -125,7 +121,7 @@ def admit(
         "userInfo": user,
         "dryRun": False,
     }
-    activation: dict[str, Any] = {
+    return {
         "object": to_cel(new),
         "oldObject": to_cel(old),
         "request": to_cel(request),
@@ -133,7 +129,10 @@ def admit(
         "namespaceObject": None,
     }
 
-    # matchConditions: any false -> the policy does not apply; else any error -> failurePolicy.
+
+def _match_conditions(activation: dict[str, Any]) -> Decision | None:
+    """matchConditions: any false -> the policy does not apply; else any error ->
+    failurePolicy. None: every condition held, go on to the variables."""
     errors = []
     for condition in POLICY["spec"].get("matchConditions", []):
         try:
@@ -147,21 +146,30 @@ def admit(
             return Decision(applies=False)
     if errors:
         return Decision(applies=True, errors=errors)
+    return None
 
-    # variables, in order; each may use the ones before it.
+
+def _as_cel_map(variables: dict[str, Any]) -> celtypes.MapType:
+    return celtypes.MapType({celtypes.StringType(k): v for k, v in variables.items()})
+
+
+def _bind_variables(activation: dict[str, Any]) -> Decision | None:
+    """Variables, in order, each seeing the ones before it, into activation["variables"].
+    A Decision (denied by failurePolicy) if one fails to evaluate, else None."""
     variables: dict[str, Any] = {}
     for variable in POLICY["spec"].get("variables", []):
-        activation["variables"] = celtypes.MapType(
-            {celtypes.StringType(k): v for k, v in variables.items()}
-        )
+        activation["variables"] = _as_cel_map(variables)
         try:
             variables[variable["name"]] = program(variable["expression"]).evaluate(activation)
         except celpy.CELEvalError as exc:
             return Decision(applies=True, errors=[f"variable {variable['name']}: {exc}"])
-    activation["variables"] = celtypes.MapType(
-        {celtypes.StringType(k): v for k, v in variables.items()}
-    )
+    activation["variables"] = _as_cel_map(variables)
+    return None
 
+
+def _validate(activation: dict[str, Any]) -> Decision:
+    """Every validation in order: a false one denies with its message, an error one denies
+    through failurePolicy; all are evaluated, as the API server reports them all."""
     decision = Decision(applies=True)
     for validation in POLICY["spec"]["validations"]:
         try:
@@ -174,6 +182,26 @@ def admit(
         elif not result:
             decision.denials.append(_message(validation, activation))
     return decision
+
+
+def admit(
+    old: Mapping[str, Any],
+    new: Mapping[str, Any],
+    *,
+    username: str = AGENT,
+    extra: Mapping[str, list[str]] | None = None,
+    operation: str = "UPDATE",
+    subresource: str = "",
+) -> Decision:
+    """Evaluate the policy for one request, as the API server does."""
+    resource = "nodes" + (f"/{subresource}" if subresource else "")
+    if not _rule_matches(operation, resource):
+        return Decision(applies=False)
+    activation = _activation(old, new, username, extra, operation, subresource)
+    early = _match_conditions(activation)
+    if early is None:
+        early = _bind_variables(activation)
+    return early if early is not None else _validate(activation)
 
 
 def _message(validation: Mapping[str, str], activation: dict[str, Any]) -> str:

@@ -1001,6 +1001,21 @@ class _Route:
     legacy_watch: bool = False
 
 
+@dataclass
+class _Incoming:
+    """One request as read off the wire, before it is authorized or served; `record` is
+    what the request log keeps of it, `route_error` a path no route matches."""
+
+    path: str
+    query: dict[str, str]
+    raw: bytes
+    content_type: str | None
+    token: str | None
+    record: KubeRequest
+    route: _Route | None
+    route_error: ApiError | None
+
+
 # --- the server -------------------------------------------------------------------------------
 
 
@@ -1517,7 +1532,9 @@ class KubeApiServer:
 
     # HTTP
 
-    def _handle(self, h: _Handler) -> None:
+    def _read(self, h: _Handler) -> _Incoming:
+        """Parse the request and route it; a bad route is kept, not raised, so the request
+        is logged (and faults and auth apply) before its error is answered."""
         url = urlsplit(h.path)
         query = dict(parse_qsl(url.query, keep_blank_values=True))
         length = int(h.headers.get("Content-Length") or 0)
@@ -1542,32 +1559,48 @@ class KubeApiServer:
             record.name, record.subresource = route.name, route.subresource
         elif h.command == "GET" and route_error is None:
             record.verb = "discovery"
+        return _Incoming(url.path, query, raw, content_type, token, record, route, route_error)
+
+    def _take_fault(self, method: str, path: str) -> _Fault | None:
+        """The first injected fault for this request, counted down (and dropped when spent)."""
+        with self._lock:
+            fault = next((f for f in self._faults if f.applies(method, path)), None)
+            if fault is not None:
+                fault.remaining -= 1
+                if fault.remaining <= 0:
+                    self._faults.remove(fault)
+        return fault
+
+    def _serve(self, h: _Handler, req: _Incoming) -> None:
+        """Answer one logged request: an injected fault, then auth, then the route's error,
+        then discovery, a watch or the REST verb. Errors raise ApiError for _handle."""
+        fault = self._take_fault(h.command, req.path)
+        if fault is not None:
+            raise injected(fault.code, fault.message)
+        if self.token is not None and req.token != self.token:
+            raise ApiError(401, "Unauthorized", "Unauthorized")
+        if req.route_error is not None:
+            raise req.route_error
+        route, record = req.route, req.record
+        if route is None:
+            self._serve_discovery(h, req.path, record)
+        elif record.verb == "watch":
+            record.code = 200
+            self._serve_watch(h, route, req.query)
+        else:
+            code, answer = self._dispatch(h.command, route, req.query, req.content_type, req.raw)
+            self._send(h, code, answer, record)
+
+    def _handle(self, h: _Handler) -> None:
+        req = self._read(h)
+        record = req.record
         with self._lock:
             self._requests.append(record)
         try:
             if self._delay > 0 and self._stopping.wait(self._delay):
                 h.close_connection = True
                 return
-            with self._lock:
-                fault = next((f for f in self._faults if f.applies(h.command, url.path)), None)
-                if fault is not None:
-                    fault.remaining -= 1
-                    if fault.remaining <= 0:
-                        self._faults.remove(fault)
-            if fault is not None:
-                raise injected(fault.code, fault.message)
-            if self.token is not None and token != self.token:
-                raise ApiError(401, "Unauthorized", "Unauthorized")
-            if route_error is not None:
-                raise route_error
-            if route is None:
-                self._serve_discovery(h, url.path, record)
-            elif record.verb == "watch":
-                record.code = 200
-                self._serve_watch(h, route, query)
-            else:
-                code, answer = self._dispatch(h.command, route, query, content_type, raw)
-                self._send(h, code, answer, record)
+            self._serve(h, req)
         except ApiError as err:
             self._send(h, err.code, err.status(), record, err.headers)
         except (BrokenPipeError, ConnectionResetError):
@@ -1881,10 +1914,9 @@ class KubeApiServer:
             raise invalid(rt, current["metadata"]["name"], causes)
         return self._write(rt, current, new, dry_run=dry_run)
 
-    def _rest_patch(
-        self, route: _Route, content_type: str | None, raw: bytes, dry_run: bool
-    ) -> Obj:
-        rt, name = route.rt, route.name or ""
+    @staticmethod
+    def _patch_type(rt: ResourceType, content_type: str | None) -> str:
+        """The patch's media type, 415 unless this resource accepts it."""
         patch_type = (content_type or "").split(";")[0].strip()
         if patch_type not in rt.patch_types:
             raise ApiError(
@@ -1893,11 +1925,12 @@ class KubeApiServer:
                 "the body of the request was in an unknown format - accepted media types "
                 f"include: {', '.join(rt.patch_types)}",
             )
-        try:
-            patch = json.loads(raw)
-        except ValueError as err:
-            raise bad_request(f"error decoding patch: {err}") from None
-        current = self._get_stored(rt, route.namespace, name)
+        return patch_type
+
+    @staticmethod
+    def _apply_patch(patch_type: str, current: Obj, patch: Any) -> Any:
+        """The patched object, with the errors the API server gives a patch of the wrong shape
+        for its type (a JSON patch must be a list of ops, the merge kinds an object)."""
         if patch_type == JSON_PATCH:
             if not isinstance(patch, list) or not all(isinstance(op, dict) for op in patch):
                 raise bad_request(
@@ -1905,7 +1938,7 @@ class KubeApiServer:
                     "jsonpatch.Patch"
                 )
             try:
-                patched = json_patch(current, patch)
+                return json_patch(current, patch)
             except JsonPatchError:
                 raise ApiError(
                     422,
@@ -1913,19 +1946,20 @@ class KubeApiServer:
                     "the server rejected our request due to an error in our request",
                     {},
                 ) from None
-        elif not isinstance(patch, dict):
+        if not isinstance(patch, dict):
             if patch_type == MERGE_PATCH:
                 raise bad_request("Invalid JSON Patch")
             raise bad_request(
                 f"json: cannot unmarshal {_json_type(patch)} into Go value of type "
                 "map[string]interface {}"
             )
-        elif patch_type == MERGE_PATCH:
-            patched = merge_patch(current, patch)
-        else:
-            patched = strategic_merge_patch(current, patch)
-        if not isinstance(patched, dict):
-            patched = {}
+        if patch_type == MERGE_PATCH:
+            return merge_patch(current, patch)
+        return strategic_merge_patch(current, patch)
+
+    @staticmethod
+    def _check_patched(patched: Obj, name: str) -> None:
+        """A patch may not break metadata's types or rename the object (422 / 400)."""
         type_errors = _metadata_type_errors(patched)
         if type_errors:
             raise ApiError(
@@ -1940,7 +1974,22 @@ class KubeApiServer:
                 f"the name of the object ({meta.get('name')}) does not match the name on the URL "
                 f"({name})"
             )
-        self._check_preconditions(rt, name, current, meta)
+
+    def _rest_patch(
+        self, route: _Route, content_type: str | None, raw: bytes, dry_run: bool
+    ) -> Obj:
+        rt, name = route.rt, route.name or ""
+        patch_type = self._patch_type(rt, content_type)
+        try:
+            patch = json.loads(raw)
+        except ValueError as err:
+            raise bad_request(f"error decoding patch: {err}") from None
+        current = self._get_stored(rt, route.namespace, name)
+        patched = self._apply_patch(patch_type, current, patch)
+        if not isinstance(patched, dict):
+            patched = {}
+        self._check_patched(patched, name)
+        self._check_preconditions(rt, name, current, patched["metadata"])
         return self._store_update(route, current, patched, dry_run)
 
     def _rest_delete(

@@ -86,15 +86,8 @@ EXPECTED = [("ADDED", "new"), ("MODIFIED", "new"), ("DELETED", "new"), ("DELETED
 # --- kubernetes (the official client) --------------------------------------------------------
 
 
-def smoke_kubernetes(api: KubeApiServer, kubeconfig: Path) -> None:
-    from kubernetes import client, config, watch
-    from kubernetes.client.exceptions import ApiException
-
-    configuration = client.Configuration()
-    config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
-    v1 = client.CoreV1Api(client.ApiClient(configuration))
-    custom = client.CustomObjectsApi(client.ApiClient(configuration))
-
+def _k8s_list(v1: Any) -> None:
+    """Field and label selectors and pagination, as the agent lists its node's pods."""
     # list: field and label selectors, pagination
     pods = v1.list_pod_for_all_namespaces(field_selector="spec.nodeName=n1")
     names = [p.metadata.name for p in pods.items]
@@ -109,6 +102,11 @@ def smoke_kubernetes(api: KubeApiServer, kubeconfig: Path) -> None:
         if not token:
             break
     expect(len(pages) == 3 and sum(map(len, pages)) == 5, f"pagination: {pages}")
+
+
+def _k8s_watch(api: KubeApiServer, v1: Any) -> None:
+    """A watch from a list's resourceVersion sees every change, then a bookmark moves it."""
+    from kubernetes import watch
 
     # watch from the list's resourceVersion
     rv = v1.list_pod_for_all_namespaces(field_selector="spec.nodeName=n1").metadata.resource_version
@@ -135,6 +133,13 @@ def smoke_kubernetes(api: KubeApiServer, kubeconfig: Path) -> None:
     w.stop()
     api.drop_watches()
 
+
+def _k8s_expired_watch(api: KubeApiServer, v1: Any) -> None:
+    """A 410 makes Watch.stream retry once and raise; the caller's relist and new watch
+    carry on; a dropped watch then surfaces as an error."""
+    from kubernetes import watch
+    from kubernetes.client.exceptions import ApiException
+
     # 410: the helper retries once from the same RV, then raises; the caller relists
     stale = str(api.resource_version)
     api.add_pod("default", "late", "n1")
@@ -153,7 +158,7 @@ def smoke_kubernetes(api: KubeApiServer, kubeconfig: Path) -> None:
     expect(len(api.calls("watch", "pods")) == 2, "Watch.stream retries a 410 exactly once")
     relisted = v1.list_pod_for_all_namespaces(field_selector="spec.nodeName=n1")
     expect("late" in [p.metadata.name for p in relisted.items], "relist sees the new pod")
-    sink = queue.Queue()
+    sink: queue.Queue[Any] = queue.Queue()
     pump(
         watch.Watch().stream(
             v1.list_pod_for_all_namespaces,
@@ -172,6 +177,12 @@ def smoke_kubernetes(api: KubeApiServer, kubeconfig: Path) -> None:
     api.drop_watches()
     ended = sink.get(timeout=TIMEOUT)
     expect(isinstance(ended, Exception), f"a dropped watch raises, got {ended!r}")
+
+
+def _k8s_patches(api: KubeApiServer, v1: Any) -> None:
+    """The three patch types by their bodies and content types, a failed test op (422) and
+    a stale update (409)."""
+    from kubernetes.client.exceptions import ApiException
 
     # patches: a dict body goes as strategic merge, a list as JSON patch
     v1.patch_node("n1", {"metadata": {"labels": {"added": "1", "gpu": None}}})
@@ -209,6 +220,9 @@ def smoke_kubernetes(api: KubeApiServer, kubeconfig: Path) -> None:
     except ApiException as err:
         expect(err.status == 409, f"stale update: {err.status}")
 
+
+def _k8s_node_feature(custom: Any) -> None:
+    """Create, patch and list an NFD NodeFeature through the custom-objects API."""
     # the NFD custom resource
     body = {
         "apiVersion": f"{NFD_GROUP}/{NFD_VERSION}",
@@ -230,28 +244,44 @@ def smoke_kubernetes(api: KubeApiServer, kubeconfig: Path) -> None:
     expect(counts == ["4"], f"NodeFeature: {counts}")
 
 
+def smoke_kubernetes(api: KubeApiServer, kubeconfig: Path) -> None:
+    from kubernetes import client, config
+
+    configuration = client.Configuration()
+    config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+    v1 = client.CoreV1Api(client.ApiClient(configuration))
+    custom = client.CustomObjectsApi(client.ApiClient(configuration))
+    _k8s_list(v1)
+    _k8s_watch(api, v1)
+    _k8s_expired_watch(api, v1)
+    _k8s_patches(api, v1)
+    _k8s_node_feature(custom)
+
+
 # --- lightkube ---------------------------------------------------------------------------------
 
 
-def smoke_lightkube(api: KubeApiServer, kubeconfig: Path) -> None:
-    from lightkube import Client, KubeConfig
-    from lightkube.core.exceptions import ApiError
-    from lightkube.generic_resource import create_namespaced_resource
-    from lightkube.resources.core_v1 import Node, Pod
-    from lightkube.types import PatchType, on_error_retry
-
-    kube = Client(KubeConfig.from_file(kubeconfig))
+def _lk_list(api: KubeApiServer, kube: Any) -> str:
+    """Field and label selectors and chunked listing; the first list's resourceVersion,
+    for the watch."""
+    from lightkube.resources.core_v1 import Pod
 
     # list: field and label selectors, pagination
     listing = kube.list(Pod, namespace="*", fields={"spec.nodeName": "n1"})
     names = [p.metadata.name for p in listing]
     expect(names == ["train-0", "train-1", "train-2", "agent"], f"field selector: {names}")
-    rv = listing.resourceVersion
+    rv: str = listing.resourceVersion
     api.clear_requests()
     names = [p.metadata.name for p in kube.list(Pod, namespace="*", chunk_size=2)]
     expect(len(names) == 5 and len(api.calls("list", "pods")) == 3, f"pagination: {names}")
     labelled = kube.list(Pod, namespace="default", labels={"app": "train"})
     expect(len(list(labelled)) == 4, "label selector")
+    return rv
+
+
+def _lk_watch(api: KubeApiServer, kube: Any, rv: str) -> None:
+    """A watch from the list's resourceVersion sees every change; dropped, it raises."""
+    from lightkube.resources.core_v1 import Pod
 
     # watch from the list's resourceVersion
     sink: queue.Queue[Any] = queue.Queue()
@@ -269,12 +299,19 @@ def smoke_lightkube(api: KubeApiServer, kubeconfig: Path) -> None:
     ended = sink.get(timeout=TIMEOUT)
     expect(isinstance(ended, Exception), f"a dropped watch raises, got {ended!r}")
 
+
+def _lk_expired_watch(api: KubeApiServer, kube: Any) -> None:
+    """on_error_retry: a 410 re-watches from the current state, a dropped watch resumes
+    from the last resourceVersion seen."""
+    from lightkube.resources.core_v1 import Pod
+    from lightkube.types import on_error_retry
+
     # 410: on_error_retry re-watches without a resourceVersion, replaying the current state
     stale = str(api.resource_version)
     api.add_pod("default", "late", "n1")
     api.expire_history()
     api.clear_requests()
-    sink = queue.Queue()
+    sink: queue.Queue[Any] = queue.Queue()
     pump(
         kube.watch(
             Pod,
@@ -302,6 +339,14 @@ def smoke_lightkube(api: KubeApiServer, kubeconfig: Path) -> None:
     got = take(sink, 1, lambda e: (e[0], e[1].metadata.name))
     expect(got == [("ADDED", "after-drop")], f"after the drop: {got}")
     api.drop_watches()
+
+
+def _lk_patches(kube: Any) -> None:
+    """The three patch types, a stale update and a stale-resourceVersion patch (409), and a
+    missing node (404)."""
+    from lightkube.core.exceptions import ApiError
+    from lightkube.resources.core_v1 import Node
+    from lightkube.types import PatchType
 
     # patches (lightkube's default is strategic merge)
     kube.patch(Node, "n1", {"metadata": {"labels": {"added": "1", "gpu": None}}})
@@ -340,6 +385,13 @@ def smoke_lightkube(api: KubeApiServer, kubeconfig: Path) -> None:
     except ApiError as err:
         expect(err.status.code == 404 and err.status.reason == "NotFound", f"{err.status}")
 
+
+def _lk_node_feature(kube: Any) -> None:
+    """Create, merge-patch and list an NFD NodeFeature; strategic merge on it is 415."""
+    from lightkube.core.exceptions import ApiError
+    from lightkube.generic_resource import create_namespaced_resource
+    from lightkube.types import PatchType
+
     # the NFD custom resource
     node_feature = create_namespaced_resource(NFD_GROUP, NFD_VERSION, "NodeFeature", "nodefeatures")
     kube.create(
@@ -363,6 +415,17 @@ def smoke_lightkube(api: KubeApiServer, kubeconfig: Path) -> None:
     items = list(kube.list(node_feature, namespace="nfd"))
     counts = [i.spec["labels"]["gpuscope/gpu-count"] for i in items]
     expect(counts == ["4"], f"NodeFeature: {counts}")
+
+
+def smoke_lightkube(api: KubeApiServer, kubeconfig: Path) -> None:
+    from lightkube import Client, KubeConfig
+
+    kube = Client(KubeConfig.from_file(kubeconfig))
+    rv = _lk_list(api, kube)
+    _lk_watch(api, kube, rv)
+    _lk_expired_watch(api, kube)
+    _lk_patches(kube)
+    _lk_node_feature(kube)
 
 
 def main() -> int:

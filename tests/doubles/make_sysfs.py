@@ -300,6 +300,68 @@ def irdma_hw_counters(seed: str) -> dict[str, int]:
 # --- the default node -------------------------------------------------------------------
 
 
+def _h100(gpu_bus: int, upstream: tuple[str, str], numa: int) -> PciSpec:
+    """The H100 on bus G, behind its switch's downstream port (G-2):01.0."""
+    r = gpu_bus - 4
+    return PciSpec(
+        address=f"0000:{gpu_bus:02x}:00.0",
+        bridges=(*upstream, f"0000:{r + 2:02x}:01.0"),
+        numa_node=numa,
+        driver="nvidia",
+        vendor="0x10de",
+        device="0x2330",
+        pci_class="0x030200",
+    )
+
+
+def _cx7(i: int, gpu_bus: int, upstream: tuple[str, str], numa: int, link_layer: str) -> NicSpec:
+    """ConnectX-7 mlx5_<i> on bus G-1, behind (G-2):00.0: an ibp... netdev on InfiniBand, an
+    enp...np0 one on RoCE (Ethernet), with counters seeded by its name."""
+    r = gpu_bus - 4
+    nic_bus = gpu_bus - 1
+    roce = link_layer == "Ethernet"
+    pci = PciSpec(
+        address=f"0000:{nic_bus:02x}:00.0",
+        bridges=(*upstream, f"0000:{r + 2:02x}:00.0"),
+        numa_node=numa,
+        driver="mlx5_core",
+        vendor="0x15b3",
+        device="0x1021",
+        pci_class="0x020000" if roce else "0x020700",
+    )
+    guid = f"a088:c203:00{0x3A + i:02x}:{0x5C10 + 0x111 * i:04x}"
+    mac = f"a0:88:c2:{0x3A + i:02x}:{0x5C + i:02x}:10"
+    seed = f"mlx5_{i}"
+    rdma = RdmaSpec(
+        name=f"mlx5_{i}",
+        link_layer=link_layer,
+        node_guid=guid,
+        fw_ver="28.39.1002",
+        counters=mlx5_port_counters(seed, 9_000_000_000_000 + i * 137_000_000_000, {}),
+        hw_counters=mlx5_hw_counters(seed, roce, {}),
+    )
+    if roce:
+        return NicSpec(
+            netdev=f"enp{nic_bus}s0np0",
+            pci=pci,
+            address=mac,
+            speed_mbps=400_000,
+            mtu=9000,
+            stats=net_stats(seed, 40_000_000_000),
+            rdma=rdma,
+        )
+    return NicSpec(
+        netdev=f"ibp{nic_bus}s0",
+        pci=pci,
+        address="00:00:10:29:fe:80:00:00:00:00:00:00:" + _guid_bytes(guid),
+        speed_mbps=400_000,
+        mtu=4092,
+        net_type=INFINIBAND,
+        stats=net_stats(seed, 90_000_000),
+        rdma=rdma,
+    )
+
+
 def dgx_h100_pairs(
     link_layers: tuple[str, ...] = ("InfiniBand",) * 8,
 ) -> tuple[tuple[NicSpec, ...], tuple[PciSpec, ...]]:
@@ -315,70 +377,14 @@ def dgx_h100_pairs(
         r = gpu_bus - 4
         numa = 0 if gpu_bus < 0x80 else 1
         upstream = (f"0000:{r:02x}:01.0", f"0000:{r + 1:02x}:00.0")
-        nic_bus = gpu_bus - 1
-        gpus.append(
-            PciSpec(
-                address=f"0000:{gpu_bus:02x}:00.0",
-                bridges=(*upstream, f"0000:{r + 2:02x}:01.0"),
-                numa_node=numa,
-                driver="nvidia",
-                vendor="0x10de",
-                device="0x2330",
-                pci_class="0x030200",
-            )
-        )
-        roce = link_layers[i] == "Ethernet"
-        pci = PciSpec(
-            address=f"0000:{nic_bus:02x}:00.0",
-            bridges=(*upstream, f"0000:{r + 2:02x}:00.0"),
-            numa_node=numa,
-            driver="mlx5_core",
-            vendor="0x15b3",
-            device="0x1021",
-            pci_class="0x020000" if roce else "0x020700",
-        )
-        guid = f"a088:c203:00{0x3A + i:02x}:{0x5C10 + 0x111 * i:04x}"
-        mac = f"a0:88:c2:{0x3A + i:02x}:{0x5C + i:02x}:10"
-        seed = f"mlx5_{i}"
-        rdma = RdmaSpec(
-            name=f"mlx5_{i}",
-            link_layer=link_layers[i],
-            node_guid=guid,
-            fw_ver="28.39.1002",
-            counters=mlx5_port_counters(seed, 9_000_000_000_000 + i * 137_000_000_000, {}),
-            hw_counters=mlx5_hw_counters(seed, roce, {}),
-        )
-        if roce:
-            nic = NicSpec(
-                netdev=f"enp{nic_bus}s0np0",
-                pci=pci,
-                address=mac,
-                speed_mbps=400_000,
-                mtu=9000,
-                stats=net_stats(seed, 40_000_000_000),
-                rdma=rdma,
-            )
-        else:
-            nic = NicSpec(
-                netdev=f"ibp{nic_bus}s0",
-                pci=pci,
-                address="00:00:10:29:fe:80:00:00:00:00:00:00:" + _guid_bytes(guid),
-                speed_mbps=400_000,
-                mtu=4092,
-                net_type=INFINIBAND,
-                stats=net_stats(seed, 90_000_000),
-                rdma=rdma,
-            )
-        nics.append(nic)
+        gpus.append(_h100(gpu_bus, upstream, numa))
+        nics.append(_cx7(i, gpu_bus, upstream, numa, link_layers[i]))
     return tuple(nics), tuple(gpus)
 
 
-def gpu_node() -> Node:
-    """The fixture the tests use. mlx5_0..3 run InfiniBand (ibp...), mlx5_4..7 RoCE
-    (enp...np0), so that one tree exercises both link layers; mlx5_6 has its link down.
-    mlx5_2 has taken symbol errors and a link recovery; mlx5_5 has RoCE transport errors."""
-    layers = ("InfiniBand",) * 4 + ("Ethernet",) * 4
-    cx7, gpus = dgx_h100_pairs(layers)
+def _with_faults(cx7: tuple[NicSpec, ...]) -> list[NicSpec]:
+    """The fixture's faults: mlx5_2 symbol errors and a link recovery, mlx5_5 RoCE
+    transport errors, mlx5_6 link down (as mlx5 shows a down port)."""
     nics = list(cx7)
     nics[2] = _with_errors(
         nics[2], port={"symbol_error": 17, "link_error_recovery": 2, "port_rcv_errors": 5}
@@ -400,56 +406,66 @@ def gpu_node() -> Node:
             counters={**(down.rdma.counters or {}), "link_downed": 1},
         ),
     )
+    return nics
+
+
+def _host_nics() -> list[NicSpec]:
+    """Not for the GPUs: two onboard ixgbe ports (eno2 down, no cable) and an E810 (ice)
+    with an irdma device, whose counters differ from mlx5's."""
     lom = ("0000:00:1c.0",)
     ixgbe = {"driver": "ixgbe", "vendor": "0x8086", "device": "0x10fb", "pci_class": "0x020000"}
-    nics.append(
-        NicSpec(
-            netdev="eno1",
-            pci=PciSpec(address="0000:03:00.0", bridges=lom, numa_node=0, **ixgbe),
-            address="3c:ec:ef:6a:10:2e",
-            speed_mbps=10_000,
-            stats=net_stats("eno1", 3_500_000_000_000, errors=2),
-        )
+    eno1 = NicSpec(
+        netdev="eno1",
+        pci=PciSpec(address="0000:03:00.0", bridges=lom, numa_node=0, **ixgbe),
+        address="3c:ec:ef:6a:10:2e",
+        speed_mbps=10_000,
+        stats=net_stats("eno1", 3_500_000_000_000, errors=2),
     )
-    nics.append(
-        NicSpec(
-            netdev="eno2",
-            pci=PciSpec(address="0000:03:00.1", bridges=lom, numa_node=0, **ixgbe),
-            address="3c:ec:ef:6a:10:2f",
-            operstate="down",
-            speed_mbps=-1,
-            stats=dict.fromkeys(NET_STATS, 0),
-        )
+    eno2 = NicSpec(
+        netdev="eno2",
+        pci=PciSpec(address="0000:03:00.1", bridges=lom, numa_node=0, **ixgbe),
+        address="3c:ec:ef:6a:10:2f",
+        operstate="down",
+        speed_mbps=-1,
+        stats=dict.fromkeys(NET_STATS, 0),
     )
-    nics.append(
-        NicSpec(
-            netdev="enp75s0f0",
-            pci=PciSpec(
-                address="0000:4b:00.0",
-                bridges=("0000:4a:02.0",),
-                numa_node=0,
-                driver="ice",
-                vendor="0x8086",
-                device="0x1592",
-                pci_class="0x020000",
-            ),
-            address="b4:96:91:a5:3c:10",
-            speed_mbps=100_000,
-            mtu=9000,
-            stats=net_stats("enp75s0f0", 800_000_000_000),
-            rdma=RdmaSpec(
-                name="irdma0",
-                link_layer="Ethernet",
-                node_guid="b696:91ff:fea5:3c10",
-                fw_ver="1.71",
-                hca_type=None,
-                board_id=None,
-                rate="100 Gb/sec (4X EDR)",
-                counters=None,
-                hw_counters=irdma_hw_counters("irdma0"),
-            ),
-        )
+    e810 = NicSpec(
+        netdev="enp75s0f0",
+        pci=PciSpec(
+            address="0000:4b:00.0",
+            bridges=("0000:4a:02.0",),
+            numa_node=0,
+            driver="ice",
+            vendor="0x8086",
+            device="0x1592",
+            pci_class="0x020000",
+        ),
+        address="b4:96:91:a5:3c:10",
+        speed_mbps=100_000,
+        mtu=9000,
+        stats=net_stats("enp75s0f0", 800_000_000_000),
+        rdma=RdmaSpec(
+            name="irdma0",
+            link_layer="Ethernet",
+            node_guid="b696:91ff:fea5:3c10",
+            fw_ver="1.71",
+            hca_type=None,
+            board_id=None,
+            rate="100 Gb/sec (4X EDR)",
+            counters=None,
+            hw_counters=irdma_hw_counters("irdma0"),
+        ),
     )
+    return [eno1, eno2, e810]
+
+
+def gpu_node() -> Node:
+    """The fixture the tests use. mlx5_0..3 run InfiniBand (ibp...), mlx5_4..7 RoCE
+    (enp...np0), so that one tree exercises both link layers; mlx5_6 has its link down.
+    mlx5_2 has taken symbol errors and a link recovery; mlx5_5 has RoCE transport errors."""
+    layers = ("InfiniBand",) * 4 + ("Ethernet",) * 4
+    cx7, gpus = dgx_h100_pairs(layers)
+    nics = [*_with_faults(cx7), *_host_nics()]
     virtual = (
         VirtualSpec("lo", "loopback", mtu=65536, operstate="unknown", stats=_small("lo")),
         VirtualSpec("cni0", "bridge", stats=_small("cni0")),

@@ -347,43 +347,15 @@ class SimNode:
         if len({c.name for c in containers}) != len(containers):
             raise ValueError("container names must be unique within a pod")
         with self._lock:
-            self._check_open()
-            if key in self.pods:
-                raise ValueError(f"pod {key} exists")
-            for spec in containers:
-                if spec.traffic_to is not None:
-                    peer = self.pods.get(spec.traffic_to)
-                    if peer is None or peer.port is None:
-                        raise ValueError(f"{key}: traffic peer {spec.traffic_to} is not serving")
-                for gpu in [*spec.gpus, *(spec.use_gpus or ())]:
-                    self.fake.gpu_uuid(gpu)  # IndexError for a GPU the node lacks
+            self._check_new_pod(key, containers)
             uid = uid or str(uuid.uuid4())
             pod_dir = self._pod_dir(uid, qos)
             sim = SimPod(namespace, name, uid, qos, {}, self._next_ip(), None, pod_dir)
             self.pods[key] = sim
             try:
                 for i, spec in enumerate(containers):
-                    cid = uuid.uuid4().hex + uuid.uuid4().hex
-                    cdir = pod_dir / f"cri-containerd-{cid}.scope"
-                    cdir.mkdir(parents=True)
-                    log = self.workdir / f"{namespace}_{name}_{spec.name}.log"
-                    worker = _Worker(cdir, serve=serve and i == 0, log=log)
-                    used = tuple(spec.gpus if spec.use_gpus is None else spec.use_gpus)
-                    sim.containers[spec.name] = SimContainer(
-                        name=spec.name,
-                        container_id=cid,
-                        pid=worker.pid,
-                        cgroup=cdir,
-                        gpus=tuple(spec.gpus),
-                        device_ids=tuple(
-                            self._device_id(g, spec.shared_replica) for g in spec.gpus
-                        ),
-                        used_gpus=used,
-                        gpu_memory_bytes=spec.gpu_memory_bytes,
-                        sm_util=spec.sm_util,
-                        mem_util=spec.sm_util / 2 if spec.mem_util is None else spec.mem_util,
-                        image=spec.image,
-                        worker=worker,
+                    sim.containers[spec.name] = self._start_container(
+                        sim, spec, serve=serve and i == 0
                     )
                 for i, c in enumerate(sim.containers.values()):
                     port = c.worker.wait_ready(self.ready_timeout)
@@ -392,16 +364,58 @@ class SimNode:
                 self._register_nvml(sim.containers.values())
                 self._publish_kubelet()
                 self.api.create(self._pod_object(sim, containers, labels, annotations, owners))
-                for spec in containers:
-                    if spec.traffic_to is not None and (spec.traffic_bytes or spec.traffic_rate):
-                        self.start_traffic(
-                            key, spec.traffic_to, spec.traffic_bytes, spec.traffic_rate,
-                            container=spec.name,
-                        )  # fmt: skip
+                self._start_pod_traffic(key, containers)
             except BaseException:
                 self._teardown(sim)
                 raise
             return sim
+
+    def _check_new_pod(self, key: str, containers: Sequence[ContainerSpec]) -> None:
+        """Refuse, before anything starts, a pod that exists, a traffic peer that does not
+        serve yet, or a GPU the node lacks. Called with the lock held."""
+        self._check_open()
+        if key in self.pods:
+            raise ValueError(f"pod {key} exists")
+        for spec in containers:
+            if spec.traffic_to is not None:
+                peer = self.pods.get(spec.traffic_to)
+                if peer is None or peer.port is None:
+                    raise ValueError(f"{key}: traffic peer {spec.traffic_to} is not serving")
+            for gpu in [*spec.gpus, *(spec.use_gpus or ())]:
+                self.fake.gpu_uuid(gpu)  # IndexError for a GPU the node lacks
+
+    def _start_container(self, sim: SimPod, spec: ContainerSpec, *, serve: bool) -> SimContainer:
+        """One container: a containerd-style scope under the pod's cgroup with its worker
+        process in it (listening if `serve`), and what NVML and the kubelet will show of it."""
+        cid = uuid.uuid4().hex + uuid.uuid4().hex
+        cdir = sim.cgroup / f"cri-containerd-{cid}.scope"
+        cdir.mkdir(parents=True)
+        log = self.workdir / f"{sim.namespace}_{sim.name}_{spec.name}.log"
+        worker = _Worker(cdir, serve=serve, log=log)
+        used = tuple(spec.gpus if spec.use_gpus is None else spec.use_gpus)
+        return SimContainer(
+            name=spec.name,
+            container_id=cid,
+            pid=worker.pid,
+            cgroup=cdir,
+            gpus=tuple(spec.gpus),
+            device_ids=tuple(self._device_id(g, spec.shared_replica) for g in spec.gpus),
+            used_gpus=used,
+            gpu_memory_bytes=spec.gpu_memory_bytes,
+            sm_util=spec.sm_util,
+            mem_util=spec.sm_util / 2 if spec.mem_util is None else spec.mem_util,
+            image=spec.image,
+            worker=worker,
+        )
+
+    def _start_pod_traffic(self, key: str, containers: Sequence[ContainerSpec]) -> None:
+        """The containers' traffic, once the pod is published (so its peers can name it)."""
+        for spec in containers:
+            if spec.traffic_to is not None and (spec.traffic_bytes or spec.traffic_rate):
+                self.start_traffic(
+                    key, spec.traffic_to, spec.traffic_bytes, spec.traffic_rate,
+                    container=spec.name,
+                )  # fmt: skip
 
     def remove_pod(self, namespace: str, name: str) -> None:
         """Delete a pod as a kubelet does: its processes are killed (and leave NVML), the
@@ -776,6 +790,72 @@ def _deployment_pod(deployment: str, rs_hash: str) -> dict[str, Any]:
     }
 
 
+def _add_nb_alice(node: SimNode) -> SimPod:
+    """GPU 6, time-sliced replica 0: a notebook computing a little."""
+    ns, name = NB_ALICE_POD.split("/")
+    return node.add_pod(
+        ns, name,
+        containers=[ContainerSpec(
+            "notebook", gpus=[6], shared_replica=0, gpu_memory_bytes=9 * GIB, sm_util=12,
+            image="quay.io/jupyter/pytorch-notebook:cuda12-python-3.11",
+        )],
+        **_deployment_pod("nb-alice", "6c9f8d7b5c"),
+    )  # fmt: skip
+
+
+def _add_eval(node: SimNode) -> SimPod:
+    """GPUs 4-5: Job eval-nightly's pod, with the labels and owner a Job controller sets;
+    sends to nb-alice."""
+    job_uid = str(uuid.uuid4())
+    ns, name = EVAL_POD.split("/")
+    return node.add_pod(
+        ns, name,
+        containers=[ContainerSpec(
+            "evaluator", gpus=[4, 5], gpu_memory_bytes=38 * GIB, sm_util=61,
+            traffic_to=NB_ALICE_POD, traffic_bytes=TRAINING_TRAFFIC[(EVAL_POD, NB_ALICE_POD)],
+        )],
+        labels={
+            "batch.kubernetes.io/job-name": "eval-nightly", "job-name": "eval-nightly",
+            "batch.kubernetes.io/controller-uid": job_uid, "controller-uid": job_uid,
+        },
+        owners=[owner_reference("Job", "eval-nightly", uid=job_uid, api_version="batch/v1")],
+    )  # fmt: skip
+
+
+def _add_nb_bob(node: SimNode) -> SimPod:
+    """GPU 6, time-sliced replica 1: a notebook holding memory idle; sends to eval."""
+    ns, name = NB_BOB_POD.split("/")
+    return node.add_pod(
+        ns, name,
+        containers=[ContainerSpec(
+            "notebook", gpus=[6], shared_replica=1, gpu_memory_bytes=6 * GIB, sm_util=0,
+            traffic_to=EVAL_POD, traffic_bytes=TRAINING_TRAFFIC[(NB_BOB_POD, EVAL_POD)],
+            image="quay.io/jupyter/pytorch-notebook:cuda12-python-3.11",
+        )],
+        **_deployment_pod("nb-bob", "59d4b8f6d"),
+    )  # fmt: skip
+
+
+def _add_llama_worker(node: SimNode) -> SimPod:
+    """GPUs 0-3: PyTorchJob llama-ft's worker 0, busy, with the Kubeflow labels; sends to
+    eval."""
+    ns, name = WORKER_POD.split("/")
+    return node.add_pod(
+        ns, name,
+        containers=[ContainerSpec(
+            "pytorch", gpus=[0, 1, 2, 3], gpu_memory_bytes=71 * GIB, sm_util=93,
+            traffic_to=EVAL_POD, traffic_bytes=TRAINING_TRAFFIC[(WORKER_POD, EVAL_POD)],
+        )],
+        labels={
+            "training.kubeflow.org/job-name": "llama-ft",
+            "training.kubeflow.org/operator-name": "pytorchjob-controller",
+            "training.kubeflow.org/replica-type": "worker",
+            "training.kubeflow.org/replica-index": "0",
+        },
+        owners=[owner_reference("PyTorchJob", "llama-ft", api_version="kubeflow.org/v1")],
+    )  # fmt: skip
+
+
 def training_scenario(node: SimNode) -> dict[str, SimPod]:
     """Issue #4's node (needs 8 GPUs, e.g. dgx-h100), keyed "worker", "eval", "nb-alice",
     "nb-bob":
@@ -790,52 +870,9 @@ def training_scenario(node: SimNode) -> dict[str, SimPod]:
     if node.fake.gpu_count() < 8:
         raise ValueError("the training scenario needs an 8-GPU node (profile dgx-h100)")
     pods: dict[str, SimPod] = {}
-    ns, name = NB_ALICE_POD.split("/")
-    pods["nb-alice"] = node.add_pod(
-        ns, name,
-        containers=[ContainerSpec(
-            "notebook", gpus=[6], shared_replica=0, gpu_memory_bytes=9 * GIB, sm_util=12,
-            image="quay.io/jupyter/pytorch-notebook:cuda12-python-3.11",
-        )],
-        **_deployment_pod("nb-alice", "6c9f8d7b5c"),
-    )  # fmt: skip
-    job_uid = str(uuid.uuid4())
-    ns, name = EVAL_POD.split("/")
-    pods["eval"] = node.add_pod(
-        ns, name,
-        containers=[ContainerSpec(
-            "evaluator", gpus=[4, 5], gpu_memory_bytes=38 * GIB, sm_util=61,
-            traffic_to=NB_ALICE_POD, traffic_bytes=TRAINING_TRAFFIC[(EVAL_POD, NB_ALICE_POD)],
-        )],
-        labels={
-            "batch.kubernetes.io/job-name": "eval-nightly", "job-name": "eval-nightly",
-            "batch.kubernetes.io/controller-uid": job_uid, "controller-uid": job_uid,
-        },
-        owners=[owner_reference("Job", "eval-nightly", uid=job_uid, api_version="batch/v1")],
-    )  # fmt: skip
-    ns, name = NB_BOB_POD.split("/")
-    pods["nb-bob"] = node.add_pod(
-        ns, name,
-        containers=[ContainerSpec(
-            "notebook", gpus=[6], shared_replica=1, gpu_memory_bytes=6 * GIB, sm_util=0,
-            traffic_to=EVAL_POD, traffic_bytes=TRAINING_TRAFFIC[(NB_BOB_POD, EVAL_POD)],
-            image="quay.io/jupyter/pytorch-notebook:cuda12-python-3.11",
-        )],
-        **_deployment_pod("nb-bob", "59d4b8f6d"),
-    )  # fmt: skip
-    ns, name = WORKER_POD.split("/")
-    pods["worker"] = node.add_pod(
-        ns, name,
-        containers=[ContainerSpec(
-            "pytorch", gpus=[0, 1, 2, 3], gpu_memory_bytes=71 * GIB, sm_util=93,
-            traffic_to=EVAL_POD, traffic_bytes=TRAINING_TRAFFIC[(WORKER_POD, EVAL_POD)],
-        )],
-        labels={
-            "training.kubeflow.org/job-name": "llama-ft",
-            "training.kubeflow.org/operator-name": "pytorchjob-controller",
-            "training.kubeflow.org/replica-type": "worker",
-            "training.kubeflow.org/replica-index": "0",
-        },
-        owners=[owner_reference("PyTorchJob", "llama-ft", api_version="kubeflow.org/v1")],
-    )  # fmt: skip
+    # in this order: each pod's traffic peer must already serve
+    pods["nb-alice"] = _add_nb_alice(node)
+    pods["eval"] = _add_eval(node)
+    pods["nb-bob"] = _add_nb_bob(node)
+    pods["worker"] = _add_llama_worker(node)
     return pods

@@ -18,6 +18,7 @@ from tests.doubles.simnode import (
     WORKER_POD,
     ContainerSpec,
     SimNode,
+    SimPod,
     training_scenario,
 )
 from tests.support import AgentProcess, sim_node_args, wait_for
@@ -88,22 +89,37 @@ def test_every_series_names_its_pod_and_workload_with_exact_bytes(cluster) -> No
     )  # fmt: skip
     host_pid = node.host_process(7, 2 * GIB)
     node.wait_traffic()
+    m = settled(agent, attributed, "allocations, GPU processes and traffic attributed")
+    check_gpu_holders(m)
+    check_pod_gpu_usage(m, pods)
+    check_unallocated(m)
+    check_network(m, node)
+    info = {k["pod"]: k for k, _ in m.rows("gpuscope_pod_info")}
+    assert info[split(WORKER_POD)[1]]["replica"] == "worker-0"
+    assert set(info) == {split(p)[1] for p in (WORKER_POD, EVAL_POD, NB_ALICE_POD, NB_BOB_POD)} | {
+        "sneaky-0"
+    }
+    node.remove_host_process(host_pid)
+    del rogue
+
+
+def attributed(m: Exposition) -> bool:
+    """The training scenario fully attributed: 8 allocations, 10 GPU processes (the
+    scenario's, the rogue pod's and the host's), every payload's exact bytes."""
     expected_tx = {src: n for (src, _dst), n in TRAINING_TRAFFIC.items()}
+    tx = {
+        f"{k['namespace']}/{k['pod']}": v
+        for k, v in m.rows("gpuscope_pod_network_transmit_bytes_total", protocol="tcp")
+    }
+    return (
+        len(m.series("gpuscope_gpu_allocation_info")) == 8
+        and len(m.series("gpuscope_pod_gpu_memory_bytes")) == 10
+        and all(tx.get(src) == n for src, n in expected_tx.items())
+    )
 
-    def complete(m: Exposition) -> bool:
-        tx = {
-            f"{k['namespace']}/{k['pod']}": v
-            for k, v in m.rows("gpuscope_pod_network_transmit_bytes_total", protocol="tcp")
-        }
-        return (
-            len(m.series("gpuscope_gpu_allocation_info")) == 8
-            and len(m.series("gpuscope_pod_gpu_memory_bytes")) == 10
-            and all(tx.get(src) == n for src, n in expected_tx.items())
-        )
 
-    m = settled(agent, complete, "allocations, GPU processes and traffic attributed")
-
-    # Who holds each GPU, with the workload resolved from labels and owners.
+def check_gpu_holders(m: Exposition) -> None:
+    """Who holds each GPU, with the workload resolved from labels and owners."""
     holders = {
         (k["gpu"], k["namespace"], k["pod"], k["container"], k["workload_kind"], k["workload"])
         for k, _ in m.rows("gpuscope_gpu_allocation_info")
@@ -117,7 +133,9 @@ def test_every_series_names_its_pod_and_workload_with_exact_bytes(cluster) -> No
     allocated = {k["gpu"]: v for k, v in m.rows("gpuscope_gpu_allocated")}
     assert allocated == {str(g): float(g != 7) for g in range(8)}
 
-    # Per-pod GPU memory and utilization, the time-sliced GPU 6 split between two pods.
+
+def check_pod_gpu_usage(m: Exposition, pods: dict[str, SimPod]) -> None:
+    """Per-pod GPU memory and utilization, the time-sliced GPU 6 split between two pods."""
     memory = {(k["gpu"], k["pod"]): v for k, v in m.rows("gpuscope_pod_gpu_memory_bytes")}
     assert memory == {
         **{(str(g), split(WORKER_POD)[1]): 71.0 * GIB for g in range(4)},
@@ -135,11 +153,15 @@ def test_every_series_names_its_pod_and_workload_with_exact_bytes(cluster) -> No
     assert worker_labels["pod_uid"] == pods["worker"].uid
     assert (worker_labels["namespace"], worker_labels["workload_kind"]) == ("ml-team", "PyTorchJob")
 
-    # The rogue pod (no GPU requested) and the host process show as unallocated memory.
+
+def check_unallocated(m: Exposition) -> None:
+    """The rogue pod (no GPU requested) and the host process show as unallocated memory."""
     unallocated = {k["gpu"]: v for k, v in m.rows("gpuscope_gpu_unallocated_memory_bytes")}
     assert unallocated == {str(g): 0.0 for g in range(7)} | {"7": 5.0 * GIB}
 
-    # Network series carry the names; bytes exact, both directions.
+
+def check_network(m: Exposition, node: SimNode) -> None:
+    """Network series carry the names; bytes exact, both directions."""
     for (src, _dst), nbytes in TRAINING_TRAFFIC.items():
         ns, pod = split(src)
         sent = m.rows("gpuscope_pod_network_transmit_bytes_total", pod=pod, protocol="tcp")
@@ -153,14 +175,6 @@ def test_every_series_names_its_pod_and_workload_with_exact_bytes(cluster) -> No
         assert received[split(dst)[1]] == node.received(dst)
     ((eval_tx, _),) = m.rows("gpuscope_pod_network_transmit_bytes_total", pod=split(EVAL_POD)[1])
     assert (eval_tx["workload_kind"], eval_tx["workload"]) == ("Job", "eval-nightly")
-
-    info = {k["pod"]: k for k, _ in m.rows("gpuscope_pod_info")}
-    assert info[split(WORKER_POD)[1]]["replica"] == "worker-0"
-    assert set(info) == {split(p)[1] for p in (WORKER_POD, EVAL_POD, NB_ALICE_POD, NB_BOB_POD)} | {
-        "sneaky-0"
-    }
-    node.remove_host_process(host_pid)
-    del rogue
 
 
 def test_pod_deletion_and_kubelet_outage(cluster) -> None:

@@ -306,17 +306,8 @@ def packet_loss(port: int, one_in: int) -> Iterator[bool]:
         subprocess.run([nft, "delete", "table", "inet", table], capture_output=True)
 
 
-@pytest.fixture
-def gpu_node(
-    tmp_path: Path, agent_process: Callable[..., AgentProcess], sim_node: Callable[..., SimNode]
-) -> Iterator[NodeUnderTest]:
-    """The simulated node (tests/doubles/simnode.py) with issue #4's training scenario plus a
-    second, slower rank of the PyTorchJob on GPU 7, steady traffic, and the fakes' failure
-    states."""
-    sim = sim_node(SIM_NODE)  # on real time: the agent's sampler runs
-    fake = sim.fake
-    sysfs = write_tree(tmp_path / "sys")  # NICs and RDMA ports matching the dgx-h100 GPUs
-    training_scenario(sim)
+def add_straggler(sim: SimNode) -> None:
+    """A second, slower rank of the PyTorchJob on GPU 7 (the job's straggler)."""
     ns, name = STRAGGLER_POD.split("/")
     sim.add_pod(
         ns, name,
@@ -329,6 +320,57 @@ def gpu_node(
         },
         owners=[owner_reference("PyTorchJob", "llama-ft", api_version="kubeflow.org/v1")],
     )  # fmt: skip
+
+
+def break_gpus(fake: FakeNvml) -> None:
+    """The failure states present from the start, for the alerts that need them."""
+    with fake.batch():
+        fake.set_pcie_link(0, width=8)  # GPU 0 busy (93 %) on x8 of x16
+        fake.set_nvlink_up(1, 2, False)
+        fake.set_temperature(2, 95)
+        fake.set_throttle_reasons(2, 0x20)  # sw_thermal
+        fake.set_remapped_rows(4, 3, 1, pending=False, failure=True)
+        fake.set_remapped_rows(6, 1, 0, pending=True, failure=False)
+
+
+def provoker(fake: FakeNvml, stop: threading.Event) -> Callable[[], None]:
+    """What to break once Prometheus has seen the counters start: a lost GPU, XIDs, and
+    NVLink errors that keep coming (every second until `stop`)."""
+
+    def errors_keep_coming() -> None:
+        while not stop.wait(1.0):
+            fake.add_nvlink_errors(1, 0, "crc_flit", 3)
+
+    def provoke_later() -> None:
+        fake.lose_gpu(3)  # while running: a GPU lost before the agent starts has no UUID
+        fake.inject_xid(4, CRITICAL_XID)
+        fake.inject_xid(5, OTHER_XID)
+        threading.Thread(target=errors_keep_coming, daemon=True).start()
+
+    return provoke_later
+
+
+def expected_alerts(lossy: bool) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
+    """(provoked, not provoked) alerts; the retransmit one needs nft's packet loss."""
+    provoked, not_provoked = dict(PROVOKED), dict(NOT_PROVOKED)
+    if not lossy:
+        del provoked["PodTCPRetransmitRatioHigh"]
+        not_provoked["PodTCPRetransmitRatioHigh"] = "nft could not add packet loss"
+    return provoked, not_provoked
+
+
+@pytest.fixture
+def gpu_node(
+    tmp_path: Path, agent_process: Callable[..., AgentProcess], sim_node: Callable[..., SimNode]
+) -> Iterator[NodeUnderTest]:
+    """The simulated node (tests/doubles/simnode.py) with issue #4's training scenario plus a
+    second, slower rank of the PyTorchJob on GPU 7, steady traffic, and the fakes' failure
+    states."""
+    sim = sim_node(SIM_NODE)  # on real time: the agent's sampler runs
+    fake = sim.fake
+    sysfs = write_tree(tmp_path / "sys")  # NICs and RDMA ports matching the dgx-h100 GPUs
+    training_scenario(sim)
+    add_straggler(sim)
     ns, name = NB_ALICE_POD.split("/")
     sim.set_usage(ns, name, sm_util=0)  # GPU 6 (alice and bob) allocated and idle
     sim.wait_traffic()
@@ -339,13 +381,7 @@ def gpu_node(
     with packet_loss(worker_port, one_in=4) as lossy:
         # Small paced sends (10 kB every 0.1 s) on a path losing a quarter of its packets.
         sim.start_traffic(STRAGGLER_POD, WORKER_POD, rate=1e5)
-        with fake.batch():
-            fake.set_pcie_link(0, width=8)  # GPU 0 busy (93 %) on x8 of x16
-            fake.set_nvlink_up(1, 2, False)
-            fake.set_temperature(2, 95)
-            fake.set_throttle_reasons(2, 0x20)  # sw_thermal
-            fake.set_remapped_rows(4, 3, 1, pending=False, failure=True)
-            fake.set_remapped_rows(6, 1, 0, pending=True, failure=False)
+        break_gpus(fake)
         agent = agent_process(
             *sim_node_args(sim), "--sysfs", str(sysfs), "--cgroup-root", str(cgroup_v2_root()),
             env=fake.env(),
@@ -355,28 +391,16 @@ def gpu_node(
             env={"LD_LIBRARY_PATH": "/nonexistent"},
         )  # fmt: skip
         stop = threading.Event()
-
-        def errors_keep_coming() -> None:
-            while not stop.wait(1.0):
-                fake.add_nvlink_errors(1, 0, "crc_flit", 3)
-
-        def provoke_later() -> None:
-            fake.lose_gpu(3)  # while running: a GPU lost before the agent starts has no UUID
-            fake.inject_xid(4, CRITICAL_XID)
-            fake.inject_xid(5, OTHER_XID)
-            threading.Thread(target=errors_keep_coming, daemon=True).start()
-
         targets = {
             SIM_NODE: f"127.0.0.1:{agent.port}",
             BROKEN_NODE: f"127.0.0.1:{broken.port}",
             GONE_NODE: f"127.0.0.1:{free_port()}",
         }
-        provoked, not_provoked = dict(PROVOKED), dict(NOT_PROVOKED)
-        if not lossy:
-            del provoked["PodTCPRetransmitRatioHigh"]
-            not_provoked["PodTCPRetransmitRatioHigh"] = "nft could not add packet loss"
+        provoked, not_provoked = expected_alerts(lossy)
         try:
-            yield NodeUnderTest(targets, sim, fake, agent, provoke_later, provoked, not_provoked)
+            yield NodeUnderTest(
+                targets, sim, fake, agent, provoker(fake, stop), provoked, not_provoked
+            )
         finally:
             stop.set()
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from lightkube import Client, KubeConfig
@@ -86,8 +87,21 @@ def test_training_scenario_is_consistent_everywhere(node: SimNode) -> None:
     pods = training_scenario(node)
     node.wait_traffic(10)
     uuids = [node.fake.gpu_uuid(i) for i in range(8)]
+    check_kubelet(node, uuids)
+    api_pods = check_api_server(node, pods)
+    check_containers(pods, api_pods)
+    check_nvml(node, pods)
 
-    # The kubelet's PodResources, through the agent's client.
+    # The exact payloads arrived (the receivers' own counts).
+    assert node.received(NB_ALICE_POD) == TRAINING_TRAFFIC[(EVAL_POD, NB_ALICE_POD)]
+    assert node.received(EVAL_POD) == sum(
+        n for (_s, d), n in TRAINING_TRAFFIC.items() if d == EVAL_POD
+    )
+
+
+def check_kubelet(node: SimNode, uuids: list[str]) -> None:
+    """The kubelet's PodResources, through the agent's client: each container's device ids
+    (GPU 6 time-sliced as <uuid>::0 and ::1), and the allocatable ones."""
     with PodResourcesClient(node.kubelet_socket) as kubelet:
         listed = {
             (p.namespace, p.name, c.name): sorted(d.device_id for d in c.devices)
@@ -103,7 +117,10 @@ def test_training_scenario_is_consistent_everywhere(node: SimNode) -> None:
     }
     assert uuids[7] in allocatable and f"{uuids[6]}::1" in allocatable
 
-    # The API server, through lightkube, as the agent asks: this node's pods only.
+
+def check_api_server(node: SimNode, pods: dict[str, SimPod]) -> dict[str, Any]:
+    """The API server, through lightkube, as the agent asks: this node's pods only, each
+    resolving to its workload. Returns the pods by key, for the per-container checks."""
     client = Client(KubeConfig.from_file(str(node.kubeconfig)))
     assert client.get(Node, node.node_name).status.capacity["nvidia.com/gpu"] == "8"
     api_pods = {
@@ -122,6 +139,12 @@ def test_training_scenario_is_consistent_everywhere(node: SimNode) -> None:
         "research/nb-alice-6c9f8d7b5c-x2m4q": ("Deployment", "nb-alice", ""),
         "research/nb-bob-59d4b8f6d-q8wzt": ("Deployment", "nb-bob", ""),
     }
+    return api_pods
+
+
+def check_containers(pods: dict[str, SimPod], api_pods: dict[str, Any]) -> None:
+    """Per pod, the API object's uid, phase, IP and container ids match the simulated pod,
+    and the kernel puts each process in its container's cgroup."""
     for sim in pods.values():
         obj = api_pods[sim.key]
         assert obj.metadata.uid == sim.uid
@@ -138,7 +161,9 @@ def test_training_scenario_is_consistent_everywhere(node: SimNode) -> None:
             assert (found.pod_uid, found.container_id) == (sim.uid, c.container_id)
             assert (found.qos, found.runtime) == ("burstable", "containerd")
 
-    # NVML through the real bindings: each GPU lists its pods' pids; device sums follow.
+
+def check_nvml(node: SimNode, pods: dict[str, SimPod]) -> None:
+    """NVML through the real bindings: each GPU lists its pods' pids; device sums follow."""
     gpus = nvml(node.fake)
     worker, evaluator = pods["worker"].pids[0], pods["eval"].pids[0]
     alice, bob = pods["nb-alice"].pids[0], pods["nb-bob"].pids[0]
@@ -148,12 +173,6 @@ def test_training_scenario_is_consistent_everywhere(node: SimNode) -> None:
     assert gpus[0]["procs"][str(worker)] == 71 * GIB
     assert gpus[6]["used"] == 15 * GIB and gpus[7]["used"] == 0
     assert [g["util"] for g in gpus] == [93] * 4 + [61] * 2 + [12, 0]
-
-    # The exact payloads arrived (the receivers' own counts).
-    assert node.received(NB_ALICE_POD) == TRAINING_TRAFFIC[(EVAL_POD, NB_ALICE_POD)]
-    assert node.received(EVAL_POD) == sum(
-        n for (_s, d), n in TRAINING_TRAFFIC.items() if d == EVAL_POD
-    )
 
 
 def test_remove_pod_leaves_nothing(node: SimNode) -> None:

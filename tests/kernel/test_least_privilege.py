@@ -210,20 +210,25 @@ class Run:
     uid: int
 
 
-def run_agent(
-    keep: tuple[str, ...] | list[str],
-    workdir: Path,
-    headers: Path,
-    *extra: str,
-    uid: int = 0,
-) -> Run:
-    """Start the agent under `keep`, wait for its first collection, scrape once, stop it."""
+def _readable_fake(workdir: Path) -> FakeNvml:
+    """A fake NVML whose state a non-root agent can read."""
     fake = FakeNvml("dgx-h100", Path(tempfile.mkdtemp(dir=workdir)) / "state")
     fake.state_path.chmod(0o644)
     fake.state_path.parent.chmod(0o755)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
+    return fake
+
+
+def _launch(
+    keep: tuple[str, ...] | list[str],
+    workdir: Path,
+    headers: Path,
+    extra: tuple[str, ...],
+    uid: int,
+    fake: FakeNvml,
+    port: int,
+) -> subprocess.Popen[str]:
+    """The agent under `contained(keep, uid)`, with no GPUSCOPE_/BCC_ settings inherited
+    and no /lib/modules tree, so it uses the image's kernel headers as the DaemonSet does."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUSCOPE_", "BCC_"))}
     env |= fake.env() | {"PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1"}
     no_modules = workdir / "no-modules"  # force the image's tree: no /lib/modules/<release>
@@ -241,7 +246,7 @@ def run_agent(
         "--kernel-headers", str(headers),
         *extra,
     ]  # fmt: skip
-    proc = subprocess.Popen(
+    return subprocess.Popen(
         [*contained(keep, uid=uid), *cmd],
         cwd=cwd,
         env=env,
@@ -249,28 +254,56 @@ def run_agent(
         stderr=subprocess.STDOUT,
         text=True,
     )
-    try:
-        body = ""
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
-                    if r.status == 200:
-                        with urllib.request.urlopen(
-                            f"http://127.0.0.1:{port}/metrics", timeout=10
-                        ) as m:
-                            body = m.read().decode()
-                        break
-            except OSError:
-                time.sleep(0.05)
-        status = Path(f"/proc/{proc.pid}/status").read_text() if proc.poll() is None else ""
-    finally:
-        proc.terminate()
+
+
+def _first_scrape(proc: subprocess.Popen[str], port: int) -> tuple[str, str]:
+    """/metrics once /readyz answers ("" if it never does, or the agent exits), and the
+    agent's /proc status read while it still runs, for its capabilities and uid."""
+    body = ""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and proc.poll() is None:
         try:
-            log, _ = proc.communicate(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            log, _ = proc.communicate()
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
+                if r.status == 200:
+                    with urllib.request.urlopen(
+                        f"http://127.0.0.1:{port}/metrics", timeout=10
+                    ) as m:
+                        body = m.read().decode()
+                    break
+        except OSError:
+            time.sleep(0.05)
+    status = Path(f"/proc/{proc.pid}/status").read_text() if proc.poll() is None else ""
+    return body, status
+
+
+def _stop(proc: subprocess.Popen[str]) -> str:
+    """Terminate the agent (kill it if it hangs) and return its log."""
+    proc.terminate()
+    try:
+        log, _ = proc.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        log, _ = proc.communicate()
+    return log
+
+
+def run_agent(
+    keep: tuple[str, ...] | list[str],
+    workdir: Path,
+    headers: Path,
+    *extra: str,
+    uid: int = 0,
+) -> Run:
+    """Start the agent under `keep`, wait for its first collection, scrape once, stop it."""
+    fake = _readable_fake(workdir)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    proc = _launch(keep, workdir, headers, extra, uid, fake, port)
+    try:
+        body, status = _first_scrape(proc, port)
+    finally:
+        log = _stop(proc)
     assert body, f"the agent never became ready under {keep}:\n{log}"
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
     return Run(

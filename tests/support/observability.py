@@ -132,6 +132,10 @@ def _strip_strings(expr: str) -> str:
     return re.sub(r'"(?:\\.|[^"\\])*"|\'(?:\\.|[^\'\\])*\'|`[^`]*`', "0", expr)
 
 
+_NUMBER = re.compile(r"\d[\d.]*(?:[eE][-+]?\d+)?[a-zA-Z]*")  # numbers and durations
+_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+
+
 def selectors(expr: str) -> list[tuple[str, set[str]]]:
     """(metric name, label names matched) of every vector selector in `expr`.
 
@@ -148,51 +152,59 @@ def selectors(expr: str) -> list[tuple[str, set[str]]]:
     skip_list = False
     while i < n:
         c = text[i]
-        if c.isspace() or c in ",+-*/%^=!<>":
-            i += 1
-            continue
-        if c == "[":
-            i = text.index("]", i) + 1
-            continue
-        if c == "(":
-            if skip_list:
-                i = text.index(")", i) + 1
-                skip_list = False
-                continue
-            i += 1
-            continue
-        if c == ")":
-            i += 1
+        if c.isspace() or c in ",+-*/%^=!<>[()":
+            i, skip_list = _skip_punctuation(text, i, skip_list)
             continue
         if c == "{":  # a selector without a metric name
             end = text.index("}", i)
             out.append(("", _matcher_labels(text[i + 1 : end])))
             i = end + 1
             continue
-        m = re.compile(r"\d[\d.]*(?:[eE][-+]?\d+)?[a-zA-Z]*").match(text, i)
+        m = _NUMBER.match(text, i)
         if m:
             i = m.end()
             continue
-        m = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*").match(text, i)
+        m = _NAME.match(text, i)
         if not m:
             raise ValueError(f"cannot lex {expr!r} at {text[i:]!r}")
         word, i = m.group(), m.end()
-        j = i
-        while j < n and text[j].isspace():
-            j += 1
-        nxt = text[j] if j < n else ""
         if word in _KEYWORDS:
             skip_list = word in _LABEL_LIST_KEYWORDS
             continue
-        if nxt == "(" or word in _AGGREGATIONS:
-            continue  # a function or an aggregation
-        labels: set[str] = set()
-        if nxt == "{":
-            end = text.index("}", j)
-            labels = _matcher_labels(text[j + 1 : end])
-            i = end + 1
-        out.append((word, labels))
+        selector, i = _named_selector(text, word, i)
+        if selector is not None:
+            out.append(selector)
     return out
+
+
+def _skip_punctuation(text: str, i: int, skip_list: bool) -> tuple[int, bool]:
+    """Past one operator, space, bracket or paren at `i`: a range or subquery `[...]` whole,
+    and the `(...)` after by/without/on/... whole too, since its names are labels, not
+    metrics. Returns the new position and whether a label list is still expected."""
+    c = text[i]
+    if c == "[":
+        return text.index("]", i) + 1, skip_list
+    if c == "(" and skip_list:
+        return text.index(")", i) + 1, False
+    return i + 1, skip_list
+
+
+def _named_selector(text: str, word: str, i: int) -> tuple[tuple[str, set[str]] | None, int]:
+    """`word` (ending at `i`) as a metric selector with its matchers, if any, and where the
+    lexer goes on; None for a function call or an aggregation."""
+    n = len(text)
+    j = i
+    while j < n and text[j].isspace():
+        j += 1
+    nxt = text[j] if j < n else ""
+    if nxt == "(" or word in _AGGREGATIONS:
+        return None, i  # a function or an aggregation
+    labels: set[str] = set()
+    if nxt == "{":
+        end = text.index("}", j)
+        labels = _matcher_labels(text[j + 1 : end])
+        i = end + 1
+    return (word, labels), i
 
 
 def _matcher_labels(body: str) -> set[str]:

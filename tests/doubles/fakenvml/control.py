@@ -214,17 +214,10 @@ def _hex_or_int(value: str | int) -> int:
     return int(value, 0) if isinstance(value, str) else int(value)
 
 
-def _gpu_attrs(index: int, g: dict[str, Any]) -> dict[str, int | float | str]:
-    """Profile/model keys -> the C library's per-GPU state keys."""
-    mib = 1024 * 1024
-    clocks = g["clocks_mhz"]
-    pcie = g["pcie"]
-    nvlink = g.get("nvlink")
-    temp = g["temperature"]
-    mem_temp = g.get("memory_temperature")
-    mig = g.get("mig")
+def _identity_attrs(index: int, g: dict[str, Any]) -> dict[str, int | float | str]:
+    """What names the GPU and where it sits: identity, PCI ids, architecture, NUMA node."""
     cc = g["cuda_compute_capability"]
-    attrs: dict[str, int | float | str] = {
+    return {
         "name": g["name"],
         "uuid": g["uuid"],
         "serial": g["serial"],
@@ -239,6 +232,15 @@ def _gpu_attrs(index: int, g: dict[str, Any]) -> dict[str, int | float | str]:
         "minor": int(g.get("minor_number", index)),
         "brand": _BRANDS[g.get("brand", "nvidia")],
         "persistence": int(bool(g.get("persistence_mode", True))),
+    }
+
+
+def _memory_power_attrs(g: dict[str, Any]) -> dict[str, int | float | str]:
+    """Memory sizes, power limits and the temperature model the fake derives readings from."""
+    mib = 1024 * 1024
+    temp = g["temperature"]
+    mem_temp = g.get("memory_temperature")
+    return {
         "mem_total": int(g["memory_total_mib"]) * mib,
         "mem_reserved": int(g["memory_reserved_mib"]) * mib,
         "mem_used": int(g.get("memory_used_mib", 0)) * mib,
@@ -250,6 +252,12 @@ def _gpu_attrs(index: int, g: dict[str, Any]) -> dict[str, int | float | str]:
         "mem_temp_supported": int(mem_temp is not None),
         "mem_temp_base": float(mem_temp["base_c"]) if mem_temp else 0.0,
         "mem_temp_slope": float(mem_temp["slope_c_per_pct"]) if mem_temp else 0.0,
+    }
+
+
+def _clock_attrs(clocks: dict[str, Any]) -> dict[str, int | float | str]:
+    """Clock ranges (MHz); readings move between idle and max with utilization."""
+    return {
         "clk_graphics_max": clocks["graphics_max"],
         "clk_graphics_idle": clocks["graphics_idle"],
         "clk_sm_max": clocks["sm_max"],
@@ -258,6 +266,12 @@ def _gpu_attrs(index: int, g: dict[str, Any]) -> dict[str, int | float | str]:
         "clk_video_max": clocks["video_max"],
         "clk_video_idle": clocks["video_idle"],
         "throttle_mask": 0,
+    }
+
+
+def _pcie_attrs(pcie: dict[str, Any]) -> dict[str, int | float | str]:
+    """PCIe link: the current link starts at its maximum, the counters at zero."""
+    return {
         "pcie_gen_max": pcie["max_generation"],
         "pcie_gen_gpu_max": pcie.get("gpu_max_generation", pcie["max_generation"]),
         "pcie_width_max": pcie["max_width"],
@@ -267,9 +281,21 @@ def _gpu_attrs(index: int, g: dict[str, Any]) -> dict[str, int | float | str]:
         "pcie_rx_kibps": float(pcie["max_rx_kib_per_s"]),
         "pcie_byte_counters": int(bool(pcie.get("byte_counters", False))),
         "pcie_replay": 0,
+    }
+
+
+def _nvlink_attrs(nvlink: dict[str, Any] | None) -> dict[str, int | float | str]:
+    """NVLink links and speed; all zero on a GPU without NVLink."""
+    return {
         "nvlink_count": int(nvlink["links"]) if nvlink else 0,
         "nvlink_version": int(nvlink["version"]) if nvlink else 0,
         "nvlink_kibps": float(nvlink["max_kib_per_s_per_link"]) if nvlink else 0.0,
+    }
+
+
+def _error_attrs(g: dict[str, Any]) -> dict[str, int | float | str]:
+    """ECC and row-remapping: volatile counters start at zero, aggregate ones from the profile."""
+    return {
         "ecc": int(bool(g.get("ecc", True))),
         "ecc_corr_vol": 0,
         "ecc_unc_vol": 0,
@@ -280,10 +306,30 @@ def _gpu_attrs(index: int, g: dict[str, Any]) -> dict[str, int | float | str]:
         "rr_unc": 0,
         "rr_pending": 0,
         "rr_failure": 0,
+    }
+
+
+def _mig_attrs(mig: dict[str, Any] | None, g: dict[str, Any]) -> dict[str, int | float | str]:
+    """MIG capability and mode; a mode set on a non-capable GPU is rejected by the caller."""
+    return {
         "mig_capable": int(mig is not None),
         "mig_mode": int(bool(g.get("mig_enabled", False))),
         "mig_pending": int(bool(g.get("mig_enabled", False))),
         "mig_max": int(mig["max_devices"]) if mig else 0,
+    }
+
+
+def _gpu_attrs(index: int, g: dict[str, Any]) -> dict[str, int | float | str]:
+    """Profile/model keys -> the C library's per-GPU state keys."""
+    mig = g.get("mig")
+    attrs: dict[str, int | float | str] = {
+        **_identity_attrs(index, g),
+        **_memory_power_attrs(g),
+        **_clock_attrs(g["clocks_mhz"]),
+        **_pcie_attrs(g["pcie"]),
+        **_nvlink_attrs(g.get("nvlink")),
+        **_error_attrs(g),
+        **_mig_attrs(mig, g),
         "event_types": int(g.get("supported_event_types", 0x1F)),
         "lost": 0,
     }
