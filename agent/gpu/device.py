@@ -33,6 +33,9 @@ ARCHITECTURES: Mapping[int, str] = {
     13: "rubin",
 }
 
+# Architectures whose NVLinks are NVLink5 or later: their errors are other field ids.
+NVLINK5_ARCHITECTURES = frozenset({"blackwell", "rubin"})
+
 # nvmlClocksEventReason* bits -> the `reason` label. Every reason is exported on every
 # scrape (0 or 1) so that alerts can tell "not throttled" from "not reported".
 THROTTLE_REASONS: tuple[tuple[int, str], ...] = (
@@ -330,7 +333,8 @@ def nvlink_count(nvml: Nvml, device: Device) -> int:
 
 def _read_fields(nvml: Nvml, device: Device) -> _FieldBatch:
     """All field values of one device in one nvmlDeviceGetFieldValues call."""
-    request = fields.device_fields(nvlink_count(nvml, device))
+    nvlink5 = device.identity.architecture in NVLINK5_ARCHITECTURES
+    request = fields.device_fields(nvlink_count(nvml, device), nvlink5=nvlink5)
     values = nvml.field_values(device.handle, request.ids)
     got = dict(zip(request.keys, values, strict=True))
 

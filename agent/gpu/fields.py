@@ -19,11 +19,25 @@ NVLINK_ERROR_DL_REPLAY = 161
 NVLINK_ERROR_DL_RECOVERY = 162
 NVLINK_ERROR_DL_CRC = 163  # flit CRC
 NVLINK_GET_STATE = 165
+# NVLink5 (Blackwell and later): nvml.h marks 161-163 "unsupported for Blackwell+" and points
+# to these, scoped by link like the others (from R560).
+NVLINK_COUNT_LINK_RECOVERY_SUCCESSFUL = 213
+NVLINK_COUNT_LINK_RECOVERY_FAILED = 214
 
 # NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_L<n>: only links 0-11 have one.
 _CRC_DATA_PER_LINK = (39, 40, 41, 42, 43, 44, 102, 103, 104, 105, 106, 107)
 
-NVLINK_ERROR_KINDS = ("crc_flit", "crc_data", "replay", "recovery")
+NVLINK_ERROR_KINDS = ("crc_flit", "crc_data", "replay", "recovery", "recovery_failed")
+# The error fields per NVLink generation: (kind, field id), each scoped by link.
+_LINK_ERRORS_NVLINK4 = (
+    ("crc_flit", NVLINK_ERROR_DL_CRC),
+    ("replay", NVLINK_ERROR_DL_REPLAY),
+    ("recovery", NVLINK_ERROR_DL_RECOVERY),
+)
+_LINK_ERRORS_NVLINK5 = (
+    ("recovery", NVLINK_COUNT_LINK_RECOVERY_SUCCESSFUL),
+    ("recovery_failed", NVLINK_COUNT_LINK_RECOVERY_FAILED),
+)
 
 Key = tuple[str, int]
 
@@ -35,8 +49,10 @@ class FieldRequest:
 
 
 @lru_cache(maxsize=32)
-def device_fields(nvlink_count: int) -> FieldRequest:
-    """The fields read from a device with `nvlink_count` links, built once per link count."""
+def device_fields(nvlink_count: int, *, nvlink5: bool = False) -> FieldRequest:
+    """The fields read from a device with `nvlink_count` links, built once per link count
+    and NVLink generation: Blackwell's links (`nvlink5`) count errors in other fields."""
+    link_errors = _LINK_ERRORS_NVLINK5 if nvlink5 else _LINK_ERRORS_NVLINK4
     pairs: list[tuple[Key, tuple[int, int]]] = [
         (("memory_temp", 0), (MEMORY_TEMP, 0)),
         (("pcie_tx", 0), (PCIE_COUNT_TX_BYTES, 0)),
@@ -47,9 +63,7 @@ def device_fields(nvlink_count: int) -> FieldRequest:
             (("nvlink_state", link), (NVLINK_GET_STATE, link)),
             (("nvlink_tx", link), (NVLINK_THROUGHPUT_DATA_TX, link)),
             (("nvlink_rx", link), (NVLINK_THROUGHPUT_DATA_RX, link)),
-            (("nvlink_crc_flit", link), (NVLINK_ERROR_DL_CRC, link)),
-            (("nvlink_replay", link), (NVLINK_ERROR_DL_REPLAY, link)),
-            (("nvlink_recovery", link), (NVLINK_ERROR_DL_RECOVERY, link)),
+            *((("nvlink_" + kind, link), (field, link)) for kind, field in link_errors),
         ]
         if link < len(_CRC_DATA_PER_LINK):
             pairs.append((("nvlink_crc_data", link), (_CRC_DATA_PER_LINK[link], 0)))

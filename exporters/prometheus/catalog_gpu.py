@@ -209,7 +209,9 @@ GPU_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "gpuscope_gpu_nvlink_errors_total",
         "counter",
-        "NVLink errors by link and type (crc_flit, crc_data, replay, recovery).",
+        "NVLink errors by link and type: crc_flit, crc_data, replay, recovery (up to Hopper); "
+        "recovery (successful link recoveries) and recovery_failed (the link went down) on "
+        "NVLink5 (Blackwell), where NVML has no CRC or replay counters.",
         (*GPU, "link", "type"),
         "gpu",
         "GPUs with NVLink. crc_data only on links 0-11 (NVML has no field for higher links).",

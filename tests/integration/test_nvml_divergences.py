@@ -166,3 +166,25 @@ def test_fabric_registration_completing_after_start_reaches_the_labels(inprocess
     domain = published[-1]["gpuscope.io/nvlink.domain"]
     assert published[-1]["gpuscope.io/nvlink.clique"] == f"{domain}.7"
     assert not any("Fabric" in f for f, _ in h.gpu.nvml.errors)
+
+
+def test_blackwell_nvlink_errors_come_from_the_nvlink5_counters(inprocess) -> None:
+    """On Blackwell, NVML answers NOT_SUPPORTED for the DL replay/recovery/CRC fields; the
+    link recovery counters take their place, so NVLink error alerts do not go quiet."""
+    h = inprocess("gb200-nvl")
+    h.fake.add_nvlink_errors(0, 3, "recovery", 4)
+    h.fake.set_nvlink_up(0, 5, False)
+    m = h.scrape()
+    assert m.value("gpuscope_gpu_nvlink_errors_total", gpu="0", link="3", type="recovery") == 4
+    failed = m.value("gpuscope_gpu_nvlink_errors_total", gpu="0", link="5", type="recovery_failed")
+    assert failed == 1
+    assert not m.series("gpuscope_gpu_nvlink_errors_total", gpu="0", type="replay")
+    assert not any("FieldValues" in f for f, _ in h.gpu.nvml.errors)
+
+
+def test_hopper_nvlink_errors_keep_the_dl_counters(inprocess) -> None:
+    h = inprocess("dgx-h100")
+    h.fake.add_nvlink_errors(1, 2, "replay", 3)
+    m = h.scrape()
+    assert m.value("gpuscope_gpu_nvlink_errors_total", gpu="1", link="2", type="replay") == 3
+    assert not m.series("gpuscope_gpu_nvlink_errors_total", type="recovery_failed")
