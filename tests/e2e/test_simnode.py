@@ -48,7 +48,7 @@ for i in range(pynvml.nvmlDeviceGetCount()):
     out.append({
         "uuid": pynvml.nvmlDeviceGetUUID(h),
         "procs": {str(p.pid): p.usedGpuMemory for p in procs},
-        "used": pynvml.nvmlDeviceGetMemoryInfo(h).used,
+        "used": pynvml.nvmlDeviceGetMemoryInfo(h, pynvml.nvmlMemory_v2).used,  # allocated
         "util": pynvml.nvmlDeviceGetUtilizationRates(h).gpu,
     })
 print(json.dumps(out))
