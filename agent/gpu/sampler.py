@@ -140,15 +140,21 @@ class UtilizationIntegrator:
 
 
 class RateIntegrator:
-    """Integrates a rate read once per tick (bytes/s, watts) into a running total."""
+    """Integrates a rate read now and then (bytes/s, watts) into a running total, each
+    reading held until the next for at most `max_gap` seconds (a stall adds nothing)."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_gap: float = float("inf")) -> None:
         self.total = 0.0
+        self.max_gap = max_gap
         self._last_at: float | None = None
+
+    def start(self, monotonic: float) -> None:
+        """The first reading will cover the time since `monotonic`."""
+        self._last_at = monotonic
 
     def add(self, monotonic: float, rate: float) -> None:
         if self._last_at is not None and monotonic > self._last_at:
-            self.total += rate * (monotonic - self._last_at)
+            self.total += rate * min(monotonic - self._last_at, self.max_gap)
         self._last_at = monotonic
 
 
@@ -191,6 +197,7 @@ class Sampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._tick_lock = threading.Lock()
+        self._pcie_next = 0  # round-robin position among GPUs whose PCIe bytes are integrated
 
     def set_devices(self, devices: Sequence[Device]) -> None:
         with self._tick_lock:
@@ -253,6 +260,43 @@ class Sampler:
                 published[uuid] = _integrals(state)
             self._published = MappingProxyType(published)
             self._lost = frozenset(lost)
+        self._pcie_step()
+
+    def _pcie_step(self) -> None:
+        """Read one GPU's PCIe throughput, round-robin, outside the tick lock.
+
+        Only GPUs without PCIe byte counters (fields 197/198 are R555+) need this, and
+        nvmlDeviceGetPcieThroughput measures over 20 ms per call (nvml.h): reading TX and RX
+        of 8 GPUs every tick under the lock held it for at least 320 ms a second. One GPU
+        per tick reads each of N GPUs every N ticks; each reading (a 20 ms window) is held
+        until that GPU's next, at most twice that long, so the counter is an estimate
+        from samples, unbiased but not exact (docs/metrics.md says so)."""
+        with self._tick_lock:
+            due = [
+                (d, s)
+                for d in self._devices
+                if (s := self._states.get(d.identity.uuid)) is not None and s.pcie_tx is not None
+            ]
+            if not due:
+                return
+            self._pcie_next %= len(due)
+            device, state = due[self._pcie_next]
+            self._pcie_next += 1
+        nvml, h = self._nvml, device.handle
+        try:
+            tx = nvml.query("nvmlDeviceGetPcieThroughput", h, NVML_PCIE_UTIL_TX_BYTES)
+            rx = nvml.query("nvmlDeviceGetPcieThroughput", h, NVML_PCIE_UTIL_RX_BYTES)
+        except GpuLost:
+            return
+        now = self._clock.monotonic()
+        with self._tick_lock:
+            if state.pcie_tx is not None and tx is not None:
+                state.pcie_tx.add(now, float(tx) * KIB)
+            if state.pcie_rx is not None and rx is not None:
+                state.pcie_rx.add(now, float(rx) * KIB)
+            uuid = device.identity.uuid
+            if uuid in self._published:  # publish now, not a tick later
+                self._published = MappingProxyType({**self._published, uuid: _integrals(state)})
 
     def _sample(self, device: Device, state: _GpuState, now: float, wall: float) -> None:
         nvml, h = self._nvml, device.handle
@@ -286,14 +330,6 @@ class Sampler:
             rates = nvml.query("nvmlDeviceGetUtilizationRates", h)
             if rates is not None:
                 state.util.add_rate(now, wall, float(rates.gpu))
-
-        if state.pcie_tx is not None and state.pcie_rx is not None:
-            tx = nvml.query("nvmlDeviceGetPcieThroughput", h, NVML_PCIE_UTIL_TX_BYTES)
-            rx = nvml.query("nvmlDeviceGetPcieThroughput", h, NVML_PCIE_UTIL_RX_BYTES)
-            if tx is not None:
-                state.pcie_tx.add(now, float(tx) * KIB)
-            if rx is not None:
-                state.pcie_rx.add(now, float(rx) * KIB)
 
         if state.energy is not None:
             milliwatts = nvml.query("nvmlDeviceGetPowerUsage", h)
@@ -337,11 +373,16 @@ class Sampler:
         if (tx is None or rx is None) and nvml.supports(
             "nvmlDeviceGetPcieThroughput", h, NVML_PCIE_UTIL_TX_BYTES
         ):
-            state.pcie_tx, state.pcie_rx = RateIntegrator(), RateIntegrator()
+            # Each GPU is read every N ticks (N GPUs without counters): hold up to 2N.
+            hold = 2 * self.interval * max(1, len(self._devices))
+            state.pcie_tx, state.pcie_rx = RateIntegrator(hold), RateIntegrator(hold)
+            # A reading covers the time back to the previous one: the first, back to now.
+            state.pcie_tx.start(self._clock.monotonic())
+            state.pcie_rx.start(self._clock.monotonic())
         if not nvml.supports("nvmlDeviceGetTotalEnergyConsumption", h) and nvml.supports(
             "nvmlDeviceGetPowerUsage", h
         ):
-            state.energy = RateIntegrator()
+            state.energy = RateIntegrator(max(1.0, 2 * self.interval))
         log.debug(
             "GPU %d: utilization from %s, PCIe bytes %s, energy %s",
             device.identity.index,

@@ -147,8 +147,9 @@ GPU_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "gpuscope_gpu_pcie_transmit_bytes_total",
         "counter",
-        "Bytes the GPU sent over PCIe: the hardware counter where present, else integrated by "
-        "the sampler from nvmlDeviceGetPcieThroughput (an estimate).",
+        "Bytes the GPU sent over PCIe: the hardware counter where present (driver R555+), "
+        "else an estimate integrated from nvmlDeviceGetPcieThroughput, a 20 ms window read "
+        "for one GPU per sampler tick, round-robin.",
         GPU,
         "gpu",
     ),

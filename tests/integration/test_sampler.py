@@ -82,3 +82,28 @@ def test_a_stalled_sampler_never_invents_busy_time(inprocess) -> None:
     util = h.gpu.sampler._states[h.fake.gpu_uuid(0)].util  # type: ignore[union-attr]
     total = util.busy_seconds + (util.covered_seconds - util.busy_seconds) + unsampled
     assert total == pytest.approx(311, abs=h.fake.sample_period)
+
+
+def test_pcie_throughput_is_read_one_gpu_per_tick_outside_the_tick_lock(
+    inprocess, monkeypatch
+) -> None:
+    """dgx-h100 runs R550, without the PCIe byte counter fields (R555+): the sampler reads
+    nvmlDeviceGetPcieThroughput, which measures over 20 ms per call. Reading TX and RX of
+    8 GPUs every tick held the tick lock for 320 ms a second; now one GPU a tick, unlocked."""
+    import pynvml
+
+    h = inprocess("dgx-h100")
+    sampler = h.gpu.sampler
+    assert sampler is not None
+    calls: list[tuple[int, bool]] = []
+    throughput = pynvml.nvmlDeviceGetPcieThroughput
+
+    def timed(handle, counter):  # type: ignore[no-untyped-def]
+        calls.append((pynvml.nvmlDeviceGetIndex(handle), sampler._tick_lock.locked()))
+        return throughput(handle, counter)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetPcieThroughput", timed)
+    h.advance(16)
+    assert len(calls) == 2 * 16  # TX and RX of one GPU per tick
+    assert sorted({gpu for gpu, _ in calls}) == list(range(8))  # every GPU in turn
+    assert not any(locked for _, locked in calls)
