@@ -42,6 +42,7 @@ GPU_IS_LOST = 15
 RESET_REQUIRED = 16
 LIB_RM_VERSION_MISMATCH = 18
 ARGUMENT_VERSION_MISMATCH = 25
+INSUFFICIENT_SIZE = 7
 
 _QUIET = frozenset({NOT_SUPPORTED, FUNCTION_NOT_FOUND})
 _LOST = frozenset({GPU_IS_LOST, RESET_REQUIRED})
@@ -91,7 +92,6 @@ class Nvml:
         self._lock = threading.Lock()
         self.errors: Counter[tuple[str, str]] = Counter()
         self._field_requests: dict[tuple[tuple[int, int], ...], Any] = {}
-        self._version: dict[tuple[str, ...], int] = {}  # query_versions: first one to try
 
     @property
     def initialized(self) -> bool:
@@ -150,28 +150,11 @@ class Nvml:
             self._absent(function, failed, absent)
             return None
 
-    def query_versions(self, functions: Sequence[str], *args: Any) -> Any | None:
-        """The newest of several versions of one call that this driver and these bindings
-        have (`_v3`, then `_v2`); the first that answers FUNCTION_NOT_FOUND is not tried
-        again. `None` when none is supported or the call fails."""
-        key = tuple(functions)
-        start = self._version.get(key, 0)
-        for i in range(start, len(key)):
-            try:
-                value = self._invoke(key[i], args)
-            except _Failed as failed:
-                if failed.code == FUNCTION_NOT_FOUND:
-                    self._version[key] = i + 1
-                    continue
-                self._absent(key[i], failed, frozenset())
-                return None
-            return value
-        return None
-
-    def raw_call(self, function: str, *args: Any) -> int:
+    def raw_call(self, function: str, *args: Any, expected: frozenset[int] = frozenset()) -> int:
         """Call the C function itself, with the caller's own ctypes arguments, and return its
-        NVML code (for structs the agent lays out itself). Lost GPUs raise `GpuLost`; codes
-        other than success, NOT_SUPPORTED, FUNCTION_NOT_FOUND and ARGUMENT_VERSION_MISMATCH
+        NVML code (for structs the agent lays out itself). A symbol the library lacks is
+        FUNCTION_NOT_FOUND, as from pynvml. Lost GPUs raise `GpuLost`; codes other than
+        success, NOT_SUPPORTED, FUNCTION_NOT_FOUND, ARGUMENT_VERSION_MISMATCH and `expected`
         are counted like any failed call."""
         lib = self.lib
         try:
@@ -181,7 +164,7 @@ class Nvml:
         code = int(fn(*args))
         if code in _LOST:
             raise GpuLost(f"{function}: error {code}")
-        if code not in (0, *_QUIET, ARGUMENT_VERSION_MISMATCH):
+        if code not in (0, *_QUIET, ARGUMENT_VERSION_MISMATCH) and code not in expected:
             self._record(function, code, f"error {code}")
         return code
 

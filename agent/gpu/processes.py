@@ -16,20 +16,17 @@ On a MIG-enabled GPU NVML reports no per-process utilization; those processes ca
 
 from __future__ import annotations
 
+import ctypes
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from gpuscope.agent.clock import Clock, SystemClock
 from gpuscope.agent.gpu.device import Device
-from gpuscope.agent.gpu.nvml import NOT_FOUND, Nvml
+from gpuscope.agent.gpu.nvml import FUNCTION_NOT_FOUND, INSUFFICIENT_SIZE, NOT_FOUND, Nvml
 from gpuscope.agent.gpu.records import GpuProcess, MigInstance
 
-# The versioned calls, newest first: `_v3` exists from driver 510 (NVML 11.510); before it,
-# pynvml's unversioned wrapper raises NVMLLibraryMismatchError, not an NVMLError.
-RUNNING_PROCESSES = (
-    "nvmlDeviceGetComputeRunningProcesses_v3",
-    "nvmlDeviceGetComputeRunningProcesses_v2",
-)
 NO_INSTANCE = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId of a process outside MIG
 HOLD_SECONDS = 2.0  # longer than the slowest NVML sample period (1 s)
 
@@ -44,10 +41,13 @@ class ProcessReader:
         self._last_seen: dict[str, int] = {}
         self._last_figures: dict[str, dict[int, float]] = {}
         self._supported: dict[str, bool] = {}
+        self._layout: Layout | None = None  # decided on the first read, for the session
 
     def read(self, device: Device, migs: tuple[MigInstance, ...] = ()) -> tuple[GpuProcess, ...]:
         nvml, h = self._nvml, device.handle
-        running = nvml.query_versions(RUNNING_PROCESSES, h)
+        if self._layout is None:
+            self._layout = process_layout(nvml, h)
+        running = running_processes(nvml, h, self._layout)
         if not running:
             return ()
         uuid = device.identity.uuid
@@ -113,3 +113,131 @@ class ProcessReader:
         figures = {pid: min(1.0, sums[pid] / counts[pid] / 100.0) for pid in sums}
         self._last_figures[uuid] = figures
         return figures
+
+
+# --- listing the processes, with the struct this driver writes ----------------------------
+#
+# nvmlDeviceGetComputeRunningProcesses_v3 exists from driver 510, and the entry it fills has
+# not always had one size: the R535-R545 headers added usedGpuCcProtectedMemory to
+# nvmlProcessInfo_t (32 bytes) and R550 moved it out again, into nvmlProcessDetail_v1_t
+# (nvmlDeviceGetRunningProcessDetailList). nvidia-ml-py follows only its own release's
+# header: 13.x passes 24-byte entries to an R535 driver that writes 32, and 12.535 passes
+# 32 to an R550 driver that writes 24; either way every entry after the first is misread.
+# So the agent lays out the entries itself and asks the driver which it writes: a driver
+# with nvmlDeviceGetConfComputeMemSizeInfo (R535+) and without
+# nvmlDeviceGetRunningProcessDetailList (R550+) writes the 32-byte entry (nvitop, which has
+# met those drivers, decides the same way). Presence is probed by calling, so a symbol the
+# library lacks and a function answering FUNCTION_NOT_FOUND read the same.
+
+
+class _ProcessInfoV1(ctypes.Structure):
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
+
+
+class _ProcessInfoV2(ctypes.Structure):
+    _fields_ = [
+        *_ProcessInfoV1._fields_,
+        ("gpuInstanceId", ctypes.c_uint),
+        ("computeInstanceId", ctypes.c_uint),
+    ]
+
+
+class _ProcessInfoCc(ctypes.Structure):
+    """nvmlProcessInfo_t of the R535-R545 headers."""
+
+    _fields_ = [*_ProcessInfoV2._fields_, ("usedGpuCcProtectedMemory", ctypes.c_ulonglong)]
+
+
+class _ConfComputeMemSizeInfo(ctypes.Structure):
+    _fields_ = [
+        ("protectedMemSizeKib", ctypes.c_ulonglong),
+        ("unprotectedMemSizeKib", ctypes.c_ulonglong),
+    ]
+
+
+class _ProcessDetailList(ctypes.Structure):
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("mode", ctypes.c_uint),
+        ("numProcArrayEntries", ctypes.c_uint),
+        ("procArray", ctypes.c_void_p),
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class Process:
+    """One entry of the running-process list, whatever struct the driver filled."""
+
+    pid: int
+    usedGpuMemory: int | None  # noqa: N815 - NVML's names, as the rest of the reader expects
+    gpuInstanceId: int = NO_INSTANCE  # noqa: N815
+    computeInstanceId: int = NO_INSTANCE  # noqa: N815
+
+
+NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF  # usedGpuMemory under WDDM
+
+
+def _exists(nvml: Nvml, function: str, *args: Any) -> bool:
+    return nvml.raw_call(function, *args, expected=_PROBE_CODES) != FUNCTION_NOT_FOUND
+
+
+# Answers that prove a function exists without being failures: 2 is INVALID_ARGUMENT, 4 is
+# NO_PERMISSION (a MIG parent without CAP_SYS_ADMIN).
+_PROBE_CODES = frozenset({INSUFFICIENT_SIZE, NOT_FOUND, 2, 4})
+
+
+Layout = tuple[str, type[ctypes.Structure]]  # the function to call, the entry it fills
+
+
+def process_layout(nvml: Nvml, handle: Any) -> Layout:
+    """Which listing call this driver has and which entry it fills (ask once per session)."""
+    count = ctypes.c_uint(0)
+    found: Layout
+    v3 = "nvmlDeviceGetComputeRunningProcesses_v3"
+    if _exists(nvml, v3, handle, ctypes.byref(count), None):
+        cc = _exists(
+            nvml,
+            "nvmlDeviceGetConfComputeMemSizeInfo",
+            handle,
+            ctypes.byref(_ConfComputeMemSizeInfo()),
+        )
+        detail = _ProcessDetailList(version=ctypes.sizeof(_ProcessDetailList) | 1 << 24)
+        has_detail = _exists(
+            nvml, "nvmlDeviceGetRunningProcessDetailList", handle, ctypes.byref(detail)
+        )
+        found = (v3, _ProcessInfoCc if cc and not has_detail else _ProcessInfoV2)
+    elif _exists(
+        nvml, "nvmlDeviceGetComputeRunningProcesses_v2", handle, ctypes.byref(count), None
+    ):
+        found = ("nvmlDeviceGetComputeRunningProcesses_v2", _ProcessInfoV2)
+    else:
+        found = ("nvmlDeviceGetComputeRunningProcesses", _ProcessInfoV1)
+    return found
+
+
+def running_processes(nvml: Nvml, handle: Any, layout: Layout) -> Sequence[Process] | None:
+    """The processes with a compute context on the GPU; None when NVML cannot say."""
+    function, entry = layout
+    count = ctypes.c_uint(0)
+    code = nvml.raw_call(function, handle, ctypes.byref(count), None, expected=_PROBE_CODES)
+    for _ in range(3):  # processes can start between the two calls
+        if code == 0:
+            return ()
+        if code != INSUFFICIENT_SIZE:
+            return None
+        count.value = count.value * 2 + 5
+        entries = (entry * count.value)()
+        code = nvml.raw_call(function, handle, ctypes.byref(count), entries, expected=_PROBE_CODES)
+        if code == 0:
+            return tuple(_process(entries[i]) for i in range(count.value))
+    return None
+
+
+def _process(e: Any) -> Process:
+    used = int(e.usedGpuMemory)
+    return Process(
+        pid=int(e.pid),
+        usedGpuMemory=None if used == NOT_AVAILABLE else used,
+        gpuInstanceId=int(getattr(e, "gpuInstanceId", NO_INSTANCE)),
+        computeInstanceId=int(getattr(e, "computeInstanceId", NO_INSTANCE)),
+    )

@@ -54,6 +54,7 @@ EXPORTED = {
     "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRemappedRows", "nvmlDeviceGetSupportedEventTypes",
     "nvmlEventSetCreate", "nvmlDeviceRegisterEvents", "nvmlEventSetWait", "nvmlEventSetWait_v2",
     "nvmlEventSetFree", "nvmlDeviceGetComputeRunningProcesses_v2",
+    "nvmlDeviceGetConfComputeMemSizeInfo", "nvmlDeviceGetRunningProcessDetailList",
     "nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetProcessUtilization",
     "nvmlDeviceGetMigMode", "nvmlDeviceGetMaxMigDeviceCount", "nvmlDeviceGetMigDeviceHandleByIndex",
     "nvmlDeviceIsMigDeviceHandle", "nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetComputeInstanceId",
@@ -88,12 +89,16 @@ def make_fake(tmp_path: Path) -> Iterator[Make]:
     """Returns make(profile, now=T0): a fake activated in this process with nvmlInit done."""
     active = 0
 
-    def make(profile: str = "dgx-h100", now: float | None = T0) -> FakeNvml:
+    def make(
+        profile: str = "dgx-h100", now: float | None = T0, driver: str | None = None
+    ) -> FakeNvml:
         nonlocal active
         while active:
             nv.nvmlShutdown()
             active -= 1
         fake = FakeNvml(profile, tmp_path / f"{profile}-{time.monotonic_ns()}.state", now=now)
+        if driver is not None:
+            fake.set_driver(driver)
         fake.activate()
         nv.nvmlInit()
         active += 1
@@ -1141,7 +1146,7 @@ def health(mask: int, shift: int, width: int) -> int:
 
 
 def test_gb200_fabric_info(make_fake: Make) -> None:
-    fake = make_fake("gb200-nvl")
+    fake = make_fake("gb200-nvl", driver="580.65.06")  # fabric info v3 is R580+
     hs = handles(fake)
     uuid = bytes.fromhex("5f8c2a1e7b3d4c6f9e0a1d2b3c4d5e6f")
     for h in hs:
@@ -1200,6 +1205,18 @@ def test_gb200_fabric_info(make_fake: Make) -> None:
     )
     nv.nvmlDeviceGetGpuFabricInfoV(hs[1], ctypes.byref(v3))
     assert v3.state == nv.NVML_GPU_FABRIC_STATE_COMPLETED
+
+
+def test_fabric_info_v3_needs_r580(make_fake: Make) -> None:
+    """healthSummary (v3) is first in the R580 header: gb200-nvl's R570 refuses it, so a
+    caller must fall back to v2, as on such a driver."""
+    make_fake("gb200-nvl")
+    h = nv.nvmlDeviceGetHandleByIndex(0)
+    with pytest.raises(err(nv.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)):
+        nv.nvmlDeviceGetGpuFabricInfoV(h, ctypes.byref(nv.c_nvmlGpuFabricInfo_v3_t()))
+    v2 = nv.c_nvmlGpuFabricInfoV_t()
+    nv.nvmlDeviceGetGpuFabricInfoV(h, ctypes.byref(v2))
+    assert v2.state == nv.NVML_GPU_FABRIC_STATE_COMPLETED
 
 
 def test_v2_fabric_caller_gets_no_bytes_past_its_struct(make_fake: Make) -> None:

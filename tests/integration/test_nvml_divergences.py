@@ -34,6 +34,7 @@ def _without_symbol(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     monkeypatch.setattr(pynvml, "_nvmlGetFunctionPointer", missing)
 
 
+@pytest.mark.pinned_bindings("removes a function the oldest bindings do not have")
 def test_bindings_without_a_function_read_it_as_unsupported(inprocess, monkeypatch) -> None:
     """nvidia-ml-py 12.535 has no nvmlDeviceGetNumaNodeId: the GPU collector still starts,
     and the NUMA node is simply unknown."""
@@ -46,6 +47,7 @@ def test_bindings_without_a_function_read_it_as_unsupported(inprocess, monkeypat
     assert not any("nvmlDeviceGetNumaNodeId" in f for f, _ in h.gpu.nvml.errors)
 
 
+@pytest.mark.pinned_bindings("NVMLLibraryMismatchError exists from nvidia-ml-py 12.550")
 def test_a_driver_without_v3_process_calls_falls_back_to_v2(inprocess, monkeypatch) -> None:
     """Before driver 510 there is no nvmlDeviceGetComputeRunningProcesses_v3, and pynvml's
     unversioned wrapper raises NVMLLibraryMismatchError, which is not an NVMLError."""
@@ -188,3 +190,53 @@ def test_hopper_nvlink_errors_keep_the_dl_counters(inprocess) -> None:
     m = h.scrape()
     assert m.value("gpuscope_gpu_nvlink_errors_total", gpu="1", link="2", type="replay") == 3
     assert not m.series("gpuscope_gpu_nvlink_errors_total", type="recovery_failed")
+
+
+def test_the_oldest_supported_driver_branch_r470_serves_every_gpu(inprocess) -> None:
+    """R470 (A100 fleets): no _v3 process calls, no NUMA node, fabric or NVLink DL fields in
+    NVML. Every GPU is served, processes come from _v2, and no call is counted as failing."""
+
+    def setup(fake: Any) -> None:
+        fake.add_process(3, os.getpid(), used_memory_bytes=2 << 30)
+
+    h = inprocess("hgx-a100-r470", setup=setup)
+    m = h.scrape()
+    assert m.value("gpuscope_collector_success", collector="gpu") == 1
+    assert len(m.series("gpuscope_gpu_up")) == 8
+    assert m.series("gpuscope_gpu_info", driver_version="470.223.02")
+    assert m.value("gpuscope_pod_gpu_memory_bytes", gpu="3") == 2 << 30
+    assert m.get("gpuscope_gpu_memory_used_bytes", gpu="0") is not None
+    assert dict(h.gpu.nvml.errors) == {}
+
+
+def test_early_r535_process_entries_are_read_with_their_own_layout(inprocess) -> None:
+    """Driver 535.54's nvml.h declared nvmlProcessInfo_t with usedGpuCcProtectedMemory (32
+    bytes); 535.104 moved it out. pynvml 13 passes 24-byte entries, so every process after
+    the first was misread; the agent lays the entries out as the driver writes them."""
+    pids = [os.getpid(), os.getppid(), 1]
+
+    def setup(fake: Any) -> None:
+        fake.set_driver("535.54.03")
+        for i, pid in enumerate(pids):
+            fake.add_process(6, pid, used_memory_bytes=(i + 1) << 30)
+
+    h = inprocess("dgx-h100", setup=setup)
+    listed = pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(6))
+    assert [p.pid for p in listed] != pids  # what pynvml's own struct makes of it
+    procs = next(r for r in h.gpu.collect().gpus if r.identity.index == 6).processes
+    assert [(p.pid, p.used_memory_bytes) for p in procs] == sorted(
+        (pid, (i + 1) << 30) for i, pid in enumerate(pids)
+    )
+
+
+def test_r535_104_and_later_write_the_short_entry(inprocess) -> None:
+    def setup(fake: Any) -> None:
+        fake.set_driver("535.104.05")
+        fake.add_process(2, os.getpid(), used_memory_bytes=1 << 30)
+        fake.add_process(2, 1, used_memory_bytes=2 << 30)
+
+    h = inprocess("dgx-h100", setup=setup)
+    listed = pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(2))
+    assert sorted(p.pid for p in listed) == sorted([os.getpid(), 1])
+    procs = next(r for r in h.gpu.collect().gpus if r.identity.index == 2).processes
+    assert sorted(p.pid for p in procs) == sorted([os.getpid(), 1])

@@ -766,6 +766,15 @@ class FakeNvml:
             g.attrs["mem_used"] = int(used_bytes)
             self._commit()
 
+    def set_driver(self, driver_version: str, nvml_version: str | None = None) -> None:
+        """Run another driver release than the profile names (before the agent's nvmlInit:
+        the library reads it at init). Its branch and minor release decide which entry
+        points, fields and struct layouts the fake answers with (tests/doubles/README.md)."""
+        with self._lock:
+            self.profile["driver_version"] = driver_version
+            self.profile["nvml_version"] = nvml_version or f"12.{driver_version}"
+            self._commit()
+
     def set_power(self, gpu: int, watts: float | None) -> None:
         """Override the power draw from now on (None: back to the utilization model)."""
         if watts is not None and watts < 0:

@@ -287,6 +287,23 @@ typedef struct nvmlProcessInfo_st {
     unsigned int computeInstanceId;
 } nvmlProcessInfo_t;
 
+/* nvmlProcessInfo_t of the first R535 header (CUDA 12.2.81, driver 535.54): the v2 fields
+ * plus usedGpuCcProtectedMemory, 32 bytes.  The 535.104 header (12.2.140) moved that field to
+ * nvmlProcessDetail_v1_t (nvmlDeviceGetRunningProcessDetailList) and nvmlProcessInfo_t back to
+ * the v2 layout; _v3 fills whichever its driver's header declares. */
+typedef struct nvmlProcessInfoCc_st {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+    unsigned long long usedGpuCcProtectedMemory;
+} nvmlProcessInfoCc_t;
+
+typedef struct nvmlConfComputeMemSizeInfo_st {
+    unsigned long long protectedMemSizeKib;
+    unsigned long long unprotectedMemSizeKib;
+} nvmlConfComputeMemSizeInfo_t;
+
 typedef struct nvmlProcessUtilizationSample_st {
     unsigned int pid;
     unsigned long long timeStamp;
@@ -336,6 +353,7 @@ _Static_assert(sizeof(nvmlPciInfo_t) == 68, "nvmlPciInfo_t");
 _Static_assert(offsetof(nvmlPciInfo_t, busId) == 36, "nvmlPciInfo_t.busId");
 _Static_assert(sizeof(nvmlEventData_t) == 32, "nvmlEventData_t");
 _Static_assert(sizeof(nvmlProcessInfo_t) == 24, "nvmlProcessInfo_t");
+_Static_assert(sizeof(nvmlProcessInfoCc_t) == 32, "nvmlProcessInfoCc_t");
 _Static_assert(sizeof(nvmlProcessUtilizationSample_t) == 32, "nvmlProcessUtilizationSample_t");
 _Static_assert(sizeof(nvmlGpuFabricInfo_t) == 28, "nvmlGpuFabricInfo_t");
 _Static_assert(sizeof(nvmlGpuFabricInfo_v2_t) == 36, "nvmlGpuFabricInfo_v2_t");
@@ -503,6 +521,7 @@ typedef struct {
     char driver[NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE];
     char nvml_version[NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE];
     unsigned branch; /* driver branch (leading number of `driver`); UINT_MAX: unknown */
+    unsigned branch_minor; /* "535.54.03" -> 54: releases within a branch differ too */
     int cuda;
     int ngpu;
     gpu_t gpu[FAKE_MAX_GPUS];
@@ -993,6 +1012,14 @@ static unsigned driver_branch(const char *driver) {
     return (unsigned)v;
 }
 
+/* "535.54.03" -> 54; 0 when there is none. */
+static unsigned driver_minor(const char *driver) {
+    const char *dot = strchr(driver, '.');
+    if (dot == NULL) return 0;
+    unsigned long v = strtoul(dot + 1, NULL, 10);
+    return v >= UINT_MAX ? 0 : (unsigned)v;
+}
+
 /* Parses a whole state file (modified in place).  Returns NULL on error. */
 static state_t *parse_state(char *text, char *err, size_t errlen) {
     state_t *s = calloc(1, sizeof *s);
@@ -1037,6 +1064,7 @@ static state_t *parse_state(char *text, char *err, size_t errlen) {
         return NULL;
     }
     s->branch = driver_branch(s->driver);
+    s->branch_minor = driver_minor(s->driver);
     for (int i = 0; i < s->ngpu; i++) {
         parse_bus_id(&s->gpu[i]);
         if (s->gpu[i].nvlink_count > NVML_NVLINK_MAX_LINKS) s->gpu[i].nvlink_count = 0;
@@ -1388,8 +1416,9 @@ static nvmlReturn_t enter(ctx_t *c) {
  * Not exported at all (FUNCTION_NOT_FOUND at every level): the Graphics and MPSCompute
  * RunningProcesses calls (their _v3 came with the compute one, R510), GPM (nvmlGpm*, first in
  * the R520 header).  Every other export is in pynvml 11.470.66, the oldest level modelled.
- * The struct versions are not gated (nvmlGpuFabricInfo_v3, healthSummary, is first in the R580
- * header but is served at every level that has nvmlDeviceGetGpuFabricInfoV).
+ * nvmlGpuFabricInfo_v3 (healthSummary), first in the R580 header, answers
+ * ARGUMENT_VERSION_MISMATCH before R580, and _v3 of the running processes fills the 32-byte
+ * entry of the 535.54 header on R535 before 535.104 (cc_process_entry()).
  */
 typedef enum {
     API_COMPUTE_PROCS_V3,
@@ -1399,6 +1428,8 @@ typedef enum {
     API_CLOCKS_EVENT_REASONS,
     API_FABRIC_INFO_V,
     API_NUMA_NODE_ID,
+    API_CONF_COMPUTE_MEM_SIZE,
+    API_PROCESS_DETAIL_LIST,
     API_COUNT
 } api_t;
 
@@ -1406,14 +1437,25 @@ static const unsigned api_first_branch[API_COUNT] = {
     [API_COMPUTE_PROCS_V3] = 510,     [API_MEMORY_INFO_V2] = 510,
     [API_GPU_MAX_PCIE_GEN] = 525,     [API_FABRIC_INFO] = 525,
     [API_CLOCKS_EVENT_REASONS] = 535, [API_FABRIC_INFO_V] = 550,
-    [API_NUMA_NODE_ID] = 550,
+    [API_NUMA_NODE_ID] = 550,         [API_CONF_COMPUTE_MEM_SIZE] = 535,
+    [API_PROCESS_DETAIL_LIST] = 535,
+};
+
+/* Entry points that came within a branch: first minor release, else 0 (the branch's first).
+ * nvmlDeviceGetRunningProcessDetailList: not in the 535.54 header (CUDA 12.2.81), in 535.104's
+ * (12.2.140).  nvmlDeviceGetConfComputeMemSizeInfo: in 535.54's, not in R530's (12.1.55). */
+static const unsigned api_first_minor[API_COUNT] = {
+    [API_PROCESS_DETAIL_LIST] = 104,
 };
 
 /* enter() for an entry point of api_first_branch[] (lock taken as by enter()). */
 static nvmlReturn_t enter_api(ctx_t *c, api_t api) {
     nvmlReturn_t r = enter(c);
     if (r != NVML_SUCCESS) return r;
-    return c->s->branch < api_first_branch[api] ? NVML_ERROR_FUNCTION_NOT_FOUND : NVML_SUCCESS;
+    const unsigned branch = c->s->branch, first = api_first_branch[api];
+    if (branch < first || (branch == first && c->s->branch_minor < api_first_minor[api]))
+        return NVML_ERROR_FUNCTION_NOT_FOUND;
+    return NVML_SUCCESS;
 }
 
 static nvmlReturn_t resolve_dev(ctx_t *c, nvmlDevice_t dev, int flags);
@@ -2509,6 +2551,8 @@ static int proc_visible(const ctx_t *c, const proc_t *p) {
     return p->gi == m->gi && p->ci == m->ci;
 }
 
+static int cc_process_entry(const state_t *s);
+
 static nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int *infoCount,
                                       nvmlProcessInfo_t *infos, int v3) {
     ctx_t c;
@@ -2526,19 +2570,54 @@ static nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int *infoCou
         *infoCount = n;
         return leave(NVML_ERROR_INSUFFICIENT_SIZE);
     }
+    const int cc_entry = v3 && cc_process_entry(c.s);
     unsigned k = 0;
     for (int i = 0; i < c.g->nprocs; i++) {
         const proc_t *p = &c.g->procs[i];
         if (!proc_visible(&c, p)) continue;
-        memset(&infos[k], 0, sizeof infos[k]);
-        infos[k].pid = p->pid;
-        infos[k].usedGpuMemory = p->used;
-        infos[k].gpuInstanceId = p->gi;
-        infos[k].computeInstanceId = p->ci;
+        if (cc_entry) {
+            nvmlProcessInfoCc_t *e = &((nvmlProcessInfoCc_t *)(void *)infos)[k];
+            memset(e, 0, sizeof *e);
+            e->pid = p->pid;
+            e->usedGpuMemory = p->used;
+            e->gpuInstanceId = p->gi;
+            e->computeInstanceId = p->ci;
+        } else {
+            memset(&infos[k], 0, sizeof infos[k]);
+            infos[k].pid = p->pid;
+            infos[k].usedGpuMemory = p->used;
+            infos[k].gpuInstanceId = p->gi;
+            infos[k].computeInstanceId = p->ci;
+        }
         k++;
     }
     *infoCount = k;
     return leave(NVML_SUCCESS);
+}
+
+/* The drivers whose header declared the 32-byte nvmlProcessInfo_t: R535 before 535.104. */
+static int cc_process_entry(const state_t *s) {
+    return s->branch == 535 && s->branch_minor < api_first_minor[API_PROCESS_DETAIL_LIST];
+}
+
+/* Confidential-computing memory sizes: no modelled GPU runs in CC mode. */
+EXPORT nvmlReturn_t nvmlDeviceGetConfComputeMemSizeInfo(nvmlDevice_t device,
+                                                        nvmlConfComputeMemSizeInfo_t *memInfo) {
+    ctx_t c;
+    nvmlReturn_t r = enter_dev_api(&c, device, 0, API_CONF_COMPUTE_MEM_SIZE);
+    if (r != NVML_SUCCESS) return leave(r);
+    if (memInfo == NULL) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    return leave(NVML_ERROR_NOT_SUPPORTED);
+}
+
+/* Only its presence is modelled (which tells a caller the _v3 entry's layout): it answers
+ * NOT_SUPPORTED, and the agent lists processes through _v3. */
+EXPORT nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t device, void *plist) {
+    ctx_t c;
+    nvmlReturn_t r = enter_dev_api(&c, device, 0, API_PROCESS_DETAIL_LIST);
+    if (r != NVML_SUCCESS) return leave(r);
+    if (plist == NULL) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    return leave(NVML_ERROR_NOT_SUPPORTED);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
@@ -2886,7 +2965,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device,
     if (r != NVML_SUCCESS) return leave(r);
     if (gpuFabricInfo == NULL) return leave(NVML_ERROR_INVALID_ARGUMENT);
     const unsigned version = gpuFabricInfo->version;
-    if (version != nvmlGpuFabricInfo_v2 && version != nvmlGpuFabricInfo_v3)
+    /* v3 (healthSummary) is first in the R580 header (CUDA 13.0.39, absent from 12.9.79). */
+    if (version != nvmlGpuFabricInfo_v2 && (version != nvmlGpuFabricInfo_v3 || c.s->branch < 580))
         return leave(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
     if (!c.g->fabric) return leave(NVML_ERROR_NOT_SUPPORTED);
     nvmlGpuFabricInfo_v2_t v2;
