@@ -15,7 +15,7 @@ LINT_PATHS   := agent exporters gpuscope/__init__.py gpuscope/__main__.py tests 
                 scripts/gpu-check bench
 
 .PHONY: all deps venv fakenvml kernel demo test lint typecheck unit integration kernel-tests \
-        e2e deploy-tests bench golden-update clean
+        e2e deploy-tests oldest-nvml bench golden-update clean
 
 all: venv fakenvml
 
@@ -74,9 +74,28 @@ e2e: venv fakenvml kernel
 deploy-tests: venv fakenvml
 	$(PY) -m pytest tests/deploy $(PYTEST_ARGS)
 
-## Lint, types and every tier.
+## Lint, types and every tier, then the GPU collector again on the oldest supported bindings.
 test: lint typecheck fakenvml kernel
 	$(PY) -m pytest $(PYTEST_ARGS)
+	@$(MAKE) --no-print-directory oldest-nvml
+
+## The oldest nvidia-ml-py gpuscope supports (README "Supported versions"), in a second venv
+## that has only it of its own and borrows the test venv's other packages through a .pth
+## line; the in-process GPU collector tests run there, less those pinned to the current
+## bindings (golden files with NVML's NUMA node) and the fake's own tests.
+NVML_OLDEST  := 12.535.77
+VENV_OLDEST  := $(BUILD)/venv-nvml-$(NVML_OLDEST)
+oldest-nvml: venv fakenvml
+	@test -x $(VENV_OLDEST)/bin/python || $(PYTHON_SYS) -m venv --without-pip $(VENV_OLDEST)
+	@$(PY) -m pip --python $(VENV_OLDEST)/bin/python install -q --disable-pip-version-check \
+		--no-deps nvidia-ml-py==$(NVML_OLDEST)
+	@$(VENV_OLDEST)/bin/python -c 'import sys, sysconfig; open(sysconfig.get_paths()["purelib"] \
+		+ "/test-venv.pth", "w").write(sys.argv[1] + "\n")' "$$($(PY) -c \
+		'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+	@$(VENV_OLDEST)/bin/python -c 'import pynvml, importlib.metadata as m; \
+		print("oldest-nvml: nvidia-ml-py", m.version("nvidia-ml-py"), "from", pynvml.__file__)'
+	$(VENV_OLDEST)/bin/python -m pytest -p no:cacheprovider tests/integration \
+		--ignore=tests/integration/test_fakenvml.py -m "not pinned_bindings" $(PYTEST_ARGS)
 
 ## Regenerate every golden file (expositions, labels), docs/metrics.md, the README's flag
 ## table and the generated rules/dashboards manifests after an intended change; review the diff.
