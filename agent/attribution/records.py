@@ -51,7 +51,7 @@ class GpuStatus:
     gpu: int
     uuid: str
     allocated: bool
-    unallocated_memory_bytes: int
+    unallocated_memory_bytes: int | None  # None where NVML refused the process list
     idle_seconds: float | None  # None where NVML reports no utilization (MIG mode)
 
 

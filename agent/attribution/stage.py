@@ -85,7 +85,8 @@ class Attributor:
         usage = self._usage(readings, by_uid, holders)
         statuses: tuple[GpuStatus, ...] = ()
         if holdings is not None:
-            statuses = self._statuses(readings, holders, usage)
+            refused = gpu.processes_refused if gpu is not None else frozenset()
+            statuses = self._statuses(readings, holders, usage, refused)
         else:
             self._idle.forget_baselines()
 
@@ -177,6 +178,7 @@ class Attributor:
         readings: Sequence[GpuReading],
         holders: Mapping[str, list[GpuHolding]],
         usage: Sequence[PodGpuUsage],
+        refused: frozenset[str] = frozenset(),
     ) -> tuple[GpuStatus, ...]:
         unallocated: dict[str, int] = defaultdict(int)
         for u in usage:
@@ -202,7 +204,9 @@ class Attributor:
                 gpu=r.identity.index,
                 uuid=r.identity.uuid,
                 allocated=bool(holders.get(r.identity.uuid)),
-                unallocated_memory_bytes=unallocated.get(r.identity.uuid, 0),
+                unallocated_memory_bytes=(
+                    None if r.identity.uuid in refused else unallocated.get(r.identity.uuid, 0)
+                ),
                 idle_seconds=gauges.get(r.identity.uuid),
             )
             for r in readings

@@ -19,12 +19,19 @@ from __future__ import annotations
 import ctypes
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpuscope.agent.clock import Clock, SystemClock
 from gpuscope.agent.gpu.device import Device
-from gpuscope.agent.gpu.nvml import FUNCTION_NOT_FOUND, INSUFFICIENT_SIZE, NOT_FOUND, Nvml
+from gpuscope.agent.gpu.nvml import (
+    FUNCTION_NOT_FOUND,
+    INSUFFICIENT_SIZE,
+    NO_PERMISSION,
+    NOT_FOUND,
+    Nvml,
+    text,
+)
 from gpuscope.agent.gpu.records import GpuProcess, MigInstance
 
 NO_INSTANCE = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId of a process outside MIG
@@ -42,15 +49,18 @@ class ProcessReader:
         self._last_figures: dict[str, dict[int, float]] = {}
         self._supported: dict[str, bool] = {}
         self._layout: Layout | None = None  # decided on the first read, for the session
+        self._per_instance: set[str] = set()  # MIG GPUs whose parent handle refused the list
+        self.readable: dict[str, bool] = {}  # by GPU UUID: did NVML let us list processes?
 
     def read(self, device: Device, migs: tuple[MigInstance, ...] = ()) -> tuple[GpuProcess, ...]:
+        """The GPU's compute processes; `readable[uuid]` says whether NVML let us list them."""
         nvml, h = self._nvml, device.handle
+        uuid = device.identity.uuid
         if self._layout is None:
             self._layout = process_layout(nvml, h)
-        running = running_processes(nvml, h, self._layout)
+        running = self._list(device, migs)
         if not running:
             return ()
-        uuid = device.identity.uuid
         utilization: Mapping[int, float] | None = None
         if not migs:
             utilization = self._utilization(h, uuid)
@@ -59,15 +69,14 @@ class ProcessReader:
         mig_of: dict[int, str] = {}
         for proc in running:
             pid = int(proc.pid)
-            used = getattr(proc, "usedGpuMemory", None)
+            used = proc.usedGpuMemory
             # A PID listed twice (one context per MIG instance) holds the sum of both.
             if used is not None:
                 memory[pid] = (memory.get(pid) or 0) + int(used)
             else:
                 memory.setdefault(pid, None)
-            gi = int(getattr(proc, "gpuInstanceId", NO_INSTANCE))
-            ci = int(getattr(proc, "computeInstanceId", NO_INSTANCE))
-            mig_uuid = mig_by_instance.get((gi, ci))
+            gi, ci = proc.gpuInstanceId, proc.computeInstanceId
+            mig_uuid = proc.mig_uuid or mig_by_instance.get((gi, ci))
             if mig_uuid is not None:
                 mig_of[pid] = mig_uuid
         return tuple(
@@ -81,6 +90,42 @@ class ProcessReader:
             )
             for pid, used in sorted(memory.items())
         )
+
+    def _list(self, device: Device, migs: tuple[MigInstance, ...]) -> Sequence[Process]:
+        """The process list; entries read through a MIG device handle carry its MIG UUID.
+
+        In MIG mode the driver lists processes through the parent handle only for a caller
+        with CAP_SYS_ADMIN (uid 0 is not enough), which the DaemonSet does not grant; then
+        each MIG device handle is asked instead. If that is refused too, `readable` says so
+        and the GPU's per-pod memory is missing rather than wrong."""
+        assert self._layout is not None
+        uuid, h = device.identity.uuid, device.handle
+        if not migs or uuid not in self._per_instance:
+            running, code = running_processes(self._nvml, h, self._layout)
+            if code != NO_PERMISSION or not migs:
+                self.readable[uuid] = code != NO_PERMISSION
+                return running or ()
+            self._per_instance.add(uuid)
+        listed: list[Process] = []
+        refused = 0
+        handles = self._mig_handles(h)
+        for mig_uuid, mig_handle in handles:
+            running, code = running_processes(self._nvml, mig_handle, self._layout)
+            refused += code == NO_PERMISSION
+            listed.extend(replace(proc, mig_uuid=mig_uuid) for proc in running or ())
+        self.readable[uuid] = not handles or refused < len(handles)
+        return listed
+
+    def _mig_handles(self, handle: Any) -> list[tuple[str, Any]]:
+        count = self._nvml.query("nvmlDeviceGetMaxMigDeviceCount", handle) or 0
+        found = []
+        for i in range(int(count)):
+            mig = self._nvml.query(
+                "nvmlDeviceGetMigDeviceHandleByIndex", handle, i, absent=frozenset({NOT_FOUND})
+            )
+            if mig is not None:
+                found.append((text(self._nvml.query("nvmlDeviceGetUUID", mig) or ""), mig))
+        return found
 
     def _utilization(self, handle: object, uuid: str) -> Mapping[int, float] | None:
         """Mean SM utilization (0-1) per PID over the samples since the last read."""
@@ -172,6 +217,7 @@ class Process:
     usedGpuMemory: int | None  # noqa: N815 - NVML's names, as the rest of the reader expects
     gpuInstanceId: int = NO_INSTANCE  # noqa: N815
     computeInstanceId: int = NO_INSTANCE  # noqa: N815
+    mig_uuid: str = ""  # set when listed through a MIG device handle
 
 
 NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF  # usedGpuMemory under WDDM
@@ -215,22 +261,25 @@ def process_layout(nvml: Nvml, handle: Any) -> Layout:
     return found
 
 
-def running_processes(nvml: Nvml, handle: Any, layout: Layout) -> Sequence[Process] | None:
-    """The processes with a compute context on the GPU; None when NVML cannot say."""
+def running_processes(
+    nvml: Nvml, handle: Any, layout: Layout
+) -> tuple[Sequence[Process] | None, int]:
+    """The processes with a compute context on the GPU (None when NVML cannot say), and
+    NVML's last answer (NO_PERMISSION: a MIG parent handle without CAP_SYS_ADMIN)."""
     function, entry = layout
     count = ctypes.c_uint(0)
     code = nvml.raw_call(function, handle, ctypes.byref(count), None, expected=_PROBE_CODES)
     for _ in range(3):  # processes can start between the two calls
         if code == 0:
-            return ()
+            return (), code
         if code != INSUFFICIENT_SIZE:
-            return None
+            return None, code
         count.value = count.value * 2 + 5
         entries = (entry * count.value)()
         code = nvml.raw_call(function, handle, ctypes.byref(count), entries, expected=_PROBE_CODES)
         if code == 0:
-            return tuple(_process(entries[i]) for i in range(count.value))
-    return None
+            return tuple(_process(entries[i]) for i in range(count.value)), code
+    return None, code
 
 
 def _process(e: Any) -> Process:

@@ -149,3 +149,6 @@ class GpuSnapshot:
     # UUIDs whose XID event registration the driver accepted; None where events are
     # unavailable altogether (no event set), so nothing is claimed either way.
     xid_watched: frozenset[str] | None = None
+    # UUIDs of the GPUs whose process list NVML refused (a MIG GPU without CAP_SYS_ADMIN,
+    # through its parent and every MIG device handle): their per-pod memory is missing.
+    processes_refused: frozenset[str] = frozenset()

@@ -140,6 +140,7 @@ class GpuSource:
             gpus=tuple(readings),
             topology=self.topology,
             xid_watched=frozenset(self.xid.watched) if self.xid is not None else None,
+            processes_refused=frozenset(u for u, ok in self.processes.readable.items() if not ok),
         )
 
     def refresh_fabric(self) -> None:

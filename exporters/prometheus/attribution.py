@@ -16,7 +16,8 @@ def render_attribution(att: Attribution, out: Families) -> None:
     for g in att.gpus:
         gpu = (str(g.gpu), g.uuid)
         out.add("gpuscope_gpu_allocated", gpu, 1 if g.allocated else 0)
-        out.add("gpuscope_gpu_unallocated_memory_bytes", gpu, g.unallocated_memory_bytes)
+        if g.unallocated_memory_bytes is not None:
+            out.add("gpuscope_gpu_unallocated_memory_bytes", gpu, g.unallocated_memory_bytes)
         if g.idle_seconds is not None:
             out.add("gpuscope_gpu_allocated_idle_seconds", gpu, g.idle_seconds)
     for p in att.pods:

@@ -254,6 +254,17 @@ GPU_METRICS: tuple[MetricSpec, ...] = (
         "Every GPU, where NVML events are available at all.",
     ),
     MetricSpec(
+        "gpuscope_gpu_processes_refused",
+        "gauge",
+        "1 when NVML refused to list the GPU's processes: in MIG mode the driver lists them "
+        "only to a caller with CAP_SYS_ADMIN, which the DaemonSet does not grant "
+        "(docs/deploy.md). Per-pod GPU memory and unallocated memory are then missing for "
+        "this GPU, not zero.",
+        GPU,
+        "gpu",
+        "Only while NVML refuses the list (through the parent and every MIG device handle).",
+    ),
+    MetricSpec(
         "gpuscope_gpu_ecc_errors_total",
         "counter",
         "Volatile ECC errors (since the last driver load) by type (corrected, uncorrected).",

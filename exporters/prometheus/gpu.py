@@ -33,6 +33,8 @@ def _render_one(snapshot: GpuSnapshot, r: GpuReading, out: Families, *, per_link
         out.add("gpuscope_gpu_xid_errors_total", (*dev, str(xid)), count)
     if snapshot.xid_watched is not None:
         out.add("gpuscope_gpu_xid_events_watched", dev, 1 if dev[1] in snapshot.xid_watched else 0)
+    if dev[1] in snapshot.processes_refused:
+        out.add("gpuscope_gpu_processes_refused", dev, 1)
     if not r.up:
         return
     _render_scalars(r, dev, out)

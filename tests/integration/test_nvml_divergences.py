@@ -240,3 +240,48 @@ def test_r535_104_and_later_write_the_short_entry(inprocess) -> None:
     assert sorted(p.pid for p in listed) == sorted([os.getpid(), 1])
     procs = next(r for r in h.gpu.collect().gpus if r.identity.index == 2).processes
     assert sorted(p.pid for p in procs) == sorted([os.getpid(), 1])
+
+
+def _refuse_process_list(monkeypatch: pytest.MonkeyPatch, gpu: int, *, mig_too: bool) -> None:
+    """A MIG GPU's process list refused without CAP_SYS_ADMIN (NO_PERMISSION), through the
+    parent handle and, with `mig_too`, through every MIG device handle as well."""
+    lookup = pynvml._nvmlGetFunctionPointer
+
+    def guarded_lookup(name: str) -> Any:
+        fn = lookup(name)
+        if not name.startswith("nvmlDeviceGetComputeRunningProcesses"):
+            return fn
+
+        def guarded(handle: Any, count: Any, infos: Any) -> int:
+            mig = pynvml.nvmlDeviceIsMigDeviceHandle(handle)
+            parent = pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle) if mig else handle
+            if pynvml.nvmlDeviceGetIndex(parent) == gpu and (mig_too or not mig):
+                return 4  # NVML_ERROR_NO_PERMISSION
+            return int(fn(handle, count, infos))
+
+        return guarded
+
+    monkeypatch.setattr(pynvml, "_nvmlGetFunctionPointer", guarded_lookup)
+
+
+def _mig_process(fake: Any) -> None:
+    fake.add_process(6, os.getpid(), 5 << 30, mig_uuid=fake.mig_devices(6)[0]["uuid"])
+
+
+def test_a_mig_gpu_refusing_its_parent_list_is_read_through_its_mig_devices(
+    inprocess, monkeypatch
+) -> None:
+    _refuse_process_list(monkeypatch, 6, mig_too=False)
+    h = inprocess("hgx-a100-mig", setup=_mig_process)
+    m = h.scrape()
+    assert m.value("gpuscope_pod_gpu_memory_bytes", gpu="6") == 5 << 30
+    assert not m.series("gpuscope_gpu_processes_refused")
+
+
+def test_a_refused_process_list_is_said_not_reported_as_empty(inprocess, monkeypatch) -> None:
+    _refuse_process_list(monkeypatch, 6, mig_too=True)
+    h = inprocess("hgx-a100-mig", setup=_mig_process)
+    m = h.scrape()
+    assert m.value("gpuscope_gpu_processes_refused", gpu="6") == 1
+    assert len(m.series("gpuscope_gpu_processes_refused")) == 1
+    assert not m.series("gpuscope_pod_gpu_memory_bytes", gpu="6")
