@@ -56,6 +56,9 @@ _FABRIC_STATES = {"not_supported": 0, "not_started": 1, "in_progress": 2, "compl
 _FABRIC_HEALTH_SUMMARIES = {"not_supported": 0, "healthy": 1, "unhealthy": 2,
                             "limited_capacity": 3}  # fmt: skip
 
+# Realistic-timing mode: process utilization samples every this many seconds (see README).
+DEFAULT_PROCESS_SAMPLE_PERIOD = 5.0
+
 _build_lock = threading.Lock()
 _loaded_lib: ctypes.CDLL | None = None
 
@@ -96,12 +99,10 @@ def load_profile(name: str) -> dict[str, Any]:
     """The profile ``name`` with each GPU's model attributes merged in (GPU keys win).
 
     The profile-level ``fabric`` and ``nvlink_remote`` are defaults for every GPU
-    (``nvlink_remote`` only for GPUs whose model has NVLink).
+    (``nvlink_remote`` only for GPUs whose model has NVLink).  A profile with
+    ``"extends": "<profile>"`` is that profile with its own top-level keys replacing the base's.
     """
-    path = PROFILES_DIR / f"{name}.json"
-    if not path.exists():
-        raise ValueError(f"unknown fakenvml profile {name!r}; known: {list_profiles()}")
-    profile: dict[str, Any] = json.loads(path.read_text())
+    profile = _read_profile(name)
     models: dict[str, Any] = json.loads(MODELS_PATH.read_text())
     models.update(profile.get("models", {}))
     gpus = []
@@ -116,6 +117,19 @@ def load_profile(name: str) -> dict[str, Any]:
         gpus.append(gpu)
     profile["gpus"] = gpus
     return profile
+
+
+def _read_profile(name: str, depth: int = 0) -> dict[str, Any]:
+    path = PROFILES_DIR / f"{name}.json"
+    if not path.exists():
+        raise ValueError(f"unknown fakenvml profile {name!r}; known: {list_profiles()}")
+    profile: dict[str, Any] = json.loads(path.read_text())
+    base = profile.pop("extends", None)
+    if base is None:
+        return profile
+    if depth > 8:
+        raise ValueError(f"fakenvml profile {name!r}: 'extends' chain too long")
+    return {**_read_profile(str(base), depth + 1), **profile}
 
 
 def _to_us(seconds: float) -> int:
@@ -208,6 +222,7 @@ class _Gpu:
     link_errors: dict[int, list[int]] = field(default_factory=dict)
     migs: list[_Mig] = field(default_factory=list)
     procs: dict[int, _Process] = field(default_factory=dict)
+    fabric_script: list[tuple[int, int, int]] = field(default_factory=list)  # start_us, state, st
 
 
 def _hex_or_int(value: str | int) -> int:
@@ -458,6 +473,12 @@ class FakeNvml:
         self._frozen_us: int | None = None if now is None else _to_us(now)
         self._boot_us = self._now_us() - _to_us(float(self.profile.get("uptime_s", 3600)))
         self._period_us = int(self.profile.get("sample_period_us", 166667))
+        realistic = self.profile.get("realistic_timing")
+        self._realistic = bool(realistic)
+        self._proc_period_us = _to_us(
+            float((realistic or {}).get("process_sample_period_s", DEFAULT_PROCESS_SAMPLE_PERIOD))
+        )
+        self._latency: dict[tuple[str, int], int] = {}  # (function or "*", gpu or -1) -> us
         self._seq = 0
         self._events: list[tuple[int, int, int, int, int]] = []  # seq, gpu, xid, gi, ci
         self._batch_depth = 0
@@ -583,6 +604,11 @@ class FakeNvml:
         yield f"nvml {p['nvml_version']}"
         yield f"cuda {int(p['cuda_driver_version'])}"
         yield f"seq {self._seq}"
+        if self._realistic:
+            yield "realistic 1"
+            yield f"proc_period {self._proc_period_us}"
+        for (function, gpu_index), us in sorted(self._latency.items()):
+            yield f"lat {us} {function} {gpu_index}"
         for node, cpus in sorted(self._numa_cpus.items()):
             yield f"numa {node} {cpus}"
         yield f"gpus {len(self._gpus)}"
@@ -600,6 +626,8 @@ class FakeNvml:
                 yield f"p {i} {start} {_num(watts)}"
             for start, link, up in gpu.link_states:
                 yield f"ls {i} {link} {start} {int(up)}"
+            for start, state, status in gpu.fabric_script:
+                yield f"fs {i} {start} {state} {status}"
             for m in gpu.migs:
                 used = sum(
                     pr.used_memory_bytes
@@ -852,6 +880,84 @@ class FakeNvml:
                 a["fabric_health_mask"] = int(health_mask)
             if health_summary is not None:
                 a["fabric_health_summary"] = _FABRIC_HEALTH_SUMMARIES[health_summary]
+            self._commit()
+
+    def script_fabric(self, gpu: int, steps: Sequence[tuple[float, str, int]]) -> None:
+        """Schedule fabric states on the fake clock: ``(t_offset_s, state, status)`` from now.
+
+        Each step takes effect when the fake time reaches now + offset (offsets non-decreasing,
+        >= 0; state as for :meth:`set_fabric`, status an NVML return code), e.g. registration
+        ``[(0, "not_started", 0), (5, "in_progress", 0), (20, "completed", 0)]``.  Replaces an
+        earlier script; an empty one cancels it.  Before the first step, and without a script,
+        the state of :meth:`set_fabric` / the profile applies.
+        """
+        with self._lock:
+            g = self._gpu(gpu)
+            if not g.attrs["fabric"]:
+                raise ValueError(f"GPU {gpu} ({g.attrs['name']}) has no GPU fabric in this profile")
+            now = self._now_us()
+            script: list[tuple[int, int, int]] = []
+            for offset, state, status in steps:
+                start = now + _to_us(offset)
+                if offset < 0 or (script and start < script[-1][0]):
+                    raise ValueError("fabric script offsets must be >= 0 and non-decreasing")
+                script.append((start, _FABRIC_STATES[state], int(status)))
+            g.fabric_script = script
+            self._commit()
+
+    # ---- realistic timing and latency ------------------------------------------------
+
+    def set_realistic_timing(
+        self, on: bool = True, *, process_sample_period: float | None = None
+    ) -> None:
+        """Realistic-timing mode (see README): utilization samples only while the GPU is busy,
+        per-process samples every ``process_sample_period`` s (default 5), and
+        nvmlDeviceGetPcieThroughput blocking for its 20 ms measuring interval."""
+        with self._lock:
+            self._realistic = bool(on)
+            if process_sample_period is not None:
+                if process_sample_period <= 0:
+                    raise ValueError("process_sample_period must be > 0")
+                self._proc_period_us = _to_us(process_sample_period)
+            self._commit()
+
+    @property
+    def realistic_timing(self) -> bool:
+        return self._realistic
+
+    @property
+    def process_sample_period(self) -> float:
+        """Realistic mode: seconds between per-process utilization samples."""
+        return self._proc_period_us / 1e6
+
+    def set_call_latency(
+        self, seconds: float, function: str | None = None, gpu: int | None = None
+    ) -> None:
+        """Make calls take ``seconds`` longer (0 removes the rule): every call, or the NVML
+        entry point named ``function`` (e.g. ``"nvmlDeviceGetPowerUsage"``), optionally only on
+        ``gpu``'s handles.  The most specific rule applies (function and GPU, function, GPU,
+        every call).  Initialisation, shutdown and nvmlErrorString are never delayed."""
+        if seconds < 0:
+            raise ValueError("latency must be >= 0")
+        if function is not None and (not function.startswith("nvml") or " " in function):
+            raise ValueError(f"not an NVML entry point name: {function!r}")
+        with self._lock:
+            if gpu is not None:
+                self._gpu(gpu)
+            key = (function or "*", -1 if gpu is None else int(gpu))
+            if seconds == 0:
+                self._latency.pop(key, None)
+            else:
+                self._latency[key] = max(1, _to_us(seconds))
+            self._commit()
+
+    def set_process_util_scale(self, gpu: int, factor: float) -> None:
+        """Multiply ``gpu``'s per-process utilization samples by ``factor``, unclamped, so a
+        factor > 1 gives values above 100 (suspected on real hardware; default 1)."""
+        if factor < 0:
+            raise ValueError("factor must be >= 0")
+        with self._lock:
+            self._gpu(gpu).attrs["proc_util_scale"] = float(factor)
             self._commit()
 
     def _check_link(self, g: _Gpu, link: int) -> None:

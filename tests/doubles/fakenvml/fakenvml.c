@@ -372,6 +372,7 @@ _Static_assert(offsetof(nvmlGpuFabricInfo_v3_t, healthSummary) == 36, "healthSum
 #define FAKE_MAX_SETS 64
 #define FAKE_MAX_SEGMENTS 4096
 #define FAKE_SAMPLE_RING 120
+#define FAKE_PCIE_INTERVAL_US 20000 /* nvmlDeviceGetPcieThroughput's measuring interval */
 #define FAKE_MAX_NUMA 64
 #define FAKE_MAX_CPUS 4096
 #define FAKE_CPU_WORDS (FAKE_MAX_CPUS / 64)
@@ -405,6 +406,20 @@ typedef struct {
 } lentry_t;
 
 enum { LERR_CRC_FLIT, LERR_CRC_DATA, LERR_REPLAY, LERR_RECOVERY, LERR_COUNT };
+
+/* A scripted fabric state from `start` on ("fs" line). */
+typedef struct {
+    int64_t start;
+    unsigned state;
+    unsigned status;
+} fentry_t;
+
+/* An extra latency for calls ("lat" line): `fn` "*" = every call, `gpu` < 0 = every GPU. */
+typedef struct {
+    int64_t us;
+    int gpu;
+    char fn[64];
+} latency_t;
 
 typedef struct {
     unsigned gi;
@@ -490,6 +505,8 @@ typedef struct {
     char fabric_cluster_uuid[40]; /* 32 hex digits */
     unsigned fabric_status, fabric_clique, fabric_state, fabric_health_mask;
     unsigned fabric_health_summary;
+    fentry_t *fs;                 /* scripted fabric states ("fs" lines), start non-decreasing */
+    int nfs, cfs;
     /* ECC and row remapping */
     unsigned ecc;
     unsigned long long ecc_corr_vol, ecc_unc_vol, ecc_corr_agg, ecc_unc_agg;
@@ -502,6 +519,7 @@ typedef struct {
     /* events and health */
     unsigned long long event_types;
     unsigned lost;
+    double proc_util_scale;       /* per-process utilization samples x this, unclamped */
     /* timelines */
     uentry_t *u;
     int nu, cu;
@@ -530,6 +548,12 @@ typedef struct {
     unsigned long long max_seq;
     int has_numa_cpus;
     unsigned long long numa_cpus[FAKE_MAX_NUMA][FAKE_CPU_WORDS]; /* "numa" lines */
+    /* realistic-timing mode ("realistic 1"): utilization samples only while busy, process
+     * samples every proc_period, nvmlDeviceGetPcieThroughput blocks for its 20 ms interval */
+    int realistic;
+    int64_t proc_period;
+    latency_t *lat; /* "lat" lines */
+    int nlat, clat;
 } state_t;
 
 /* ======================================================================== */
@@ -550,8 +574,10 @@ static void state_free(state_t *s) {
         free(g->p);
         free(g->ls);
         free(g->procs);
+        free(g->fs);
     }
     free(s->ev);
+    free(s->lat);
     free(s);
 }
 
@@ -704,6 +730,7 @@ static const gkey_t gpu_keys[] = {
     GK("mig_max", K_U32, mig_max),
     GK("event_types", K_U64, event_types),
     GK("lost", K_U32, lost),
+    GK("proc_util_scale", K_DBL, proc_util_scale),
     GK("nvlink_caps", K_U32, nvlink_caps),
     GK("topo_host_bridge", K_STR, topo_host_bridge),
     GK("topo_switches", K_STR, topo_switches),
@@ -762,6 +789,7 @@ static void gpu_defaults(gpu_t *g) {
     g->brand = 14; /* NVML_BRAND_NVIDIA */
     g->arch = 0xFFFFFFFFu;
     g->event_types = 0x1Full;
+    g->proc_util_scale = 1.0;
     g->nvlink_caps = (1u << NVML_NVLINK_CAP_P2P_SUPPORTED) | (1u << NVML_NVLINK_CAP_P2P_ATOMICS) |
                      (1u << NVML_NVLINK_CAP_VALID);
 }
@@ -813,6 +841,35 @@ static int parse_power(state_t *s, char *p) {
     if (g->np > 0 && e.start < g->p[g->np - 1].start) return -1;
     if (grow((void **)&g->p, &g->cp, g->np, sizeof(pentry_t)) != 0) return -1;
     g->p[g->np++] = e;
+    return 0;
+}
+
+/* "fs <gpu> <start_us> <state> <status>" */
+static int parse_fabric_script(state_t *s, char *p) {
+    unsigned gi;
+    fentry_t e;
+    if (next_u32(&p, &gi) != 0 || gi >= (unsigned)s->ngpu) return -1;
+    if (next_i64(&p, &e.start) != 0 || next_u32(&p, &e.state) != 0 ||
+        next_u32(&p, &e.status) != 0 || !at_end(p))
+        return -1;
+    gpu_t *g = &s->gpu[gi];
+    if (g->nfs > 0 && e.start < g->fs[g->nfs - 1].start) return -1;
+    if (grow((void **)&g->fs, &g->cfs, g->nfs, sizeof(fentry_t)) != 0) return -1;
+    g->fs[g->nfs++] = e;
+    return 0;
+}
+
+/* "lat <us> <function|*> <gpu|-1>" */
+static int parse_latency(state_t *s, char *p) {
+    latency_t e;
+    int64_t gpu;
+    memset(&e, 0, sizeof e);
+    if (next_i64(&p, &e.us) != 0 || e.us < 0 || next_word(&p, e.fn, sizeof e.fn) != 0 ||
+        next_i64(&p, &gpu) != 0 || gpu < -1 || gpu >= FAKE_MAX_GPUS || !at_end(p))
+        return -1;
+    e.gpu = (int)gpu;
+    if (grow((void **)&s->lat, &s->clat, s->nlat, sizeof(latency_t)) != 0) return -1;
+    s->lat[s->nlat++] = e;
     return 0;
 }
 
@@ -954,6 +1011,18 @@ static int parse_line(state_t *s, char *line, int *seen_end) {
     if (strcmp(kw, "ev") == 0) return parse_event(s, p);
     if (strcmp(kw, "nvr") == 0) return parse_nvlink_remote(s, p);
     if (strcmp(kw, "numa") == 0) return parse_numa_cpus(s, p);
+    if (strcmp(kw, "fs") == 0) return parse_fabric_script(s, p);
+    if (strcmp(kw, "lat") == 0) return parse_latency(s, p);
+    if (strcmp(kw, "realistic") == 0) {
+        int64_t v;
+        if (next_i64(&p, &v) != 0 || !at_end(p)) return -1;
+        s->realistic = v != 0;
+        return 0;
+    }
+    if (strcmp(kw, "proc_period") == 0) {
+        if (next_i64(&p, &s->proc_period) != 0 || s->proc_period <= 0) return -1;
+        return 0;
+    }
     if (strcmp(kw, "now") == 0) {
         s->has_now = 1;
         return next_i64(&p, &s->now);
@@ -1029,6 +1098,7 @@ static state_t *parse_state(char *text, char *err, size_t errlen) {
     }
     for (int i = 0; i < FAKE_MAX_GPUS; i++) gpu_defaults(&s->gpu[i]);
     s->period = 166667;
+    s->proc_period = 5000000;
     int lineno = 0, seen_end = 0, seen_magic = 0;
     char *line = text;
     while (line != NULL && *line != '\0') {
@@ -1377,15 +1447,51 @@ static int resolve_handle(nvmlDevice_t dev, unsigned *gpu, int *mig) {
     return -1;
 }
 
-/* Takes the lock; the caller must always release it with leave(). */
-static nvmlReturn_t enter(ctx_t *c) {
+/* ---- call latency ---------------------------------------------------------
+ * A call's answer is computed under the lock at its start; the extra time it takes (the "lat"
+ * lines, and nvmlDeviceGetPcieThroughput's 20 ms in realistic mode) is slept in leave(), after
+ * the lock is released, so a slow call does not hold up other threads' calls.  With no "lat"
+ * line the cost is one test of s->nlat per call. */
+static _Thread_local int64_t t_delay_us; /* slept by leave(), then reset */
+static _Thread_local const char *t_fn;   /* the entry point being served */
+
+/* The most specific "lat" rule for (fn, gpu): function and GPU > function > GPU > any. */
+static int64_t call_latency_us(const state_t *s, const char *fn, int gpu) {
+    int best = -1;
+    int64_t us = 0;
+    for (int i = 0; i < s->nlat; i++) {
+        const latency_t *l = &s->lat[i];
+        int fn_match = strcmp(l->fn, fn) == 0, any_fn = strcmp(l->fn, "*") == 0;
+        if (!fn_match && !any_fn) continue;
+        if (l->gpu >= 0 && l->gpu != gpu) continue;
+        int score = (fn_match ? 2 : 0) + (l->gpu >= 0 ? 1 : 0);
+        if (score >= best) {
+            best = score;
+            us = l->us;
+        }
+    }
+    return us;
+}
+
+static void sleep_us(int64_t us) {
+    struct timespec ts = {.tv_sec = (time_t)(us / 1000000), .tv_nsec = (long)(us % 1000000) * 1000};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+/* Takes the lock; the caller must always release it with leave().  `fn` names the entry
+ * point (for the "lat" rules); the macros below pass __func__. */
+static nvmlReturn_t enter_at(ctx_t *c, const char *fn) {
     pthread_mutex_lock(&g_lock);
     memset(c, 0, sizeof *c);
     c->mig = -1;
+    t_delay_us = 0;
+    t_fn = fn;
     if (g_refcount == 0 || g_state == NULL) return NVML_ERROR_UNINITIALIZED;
     refresh_state();
     c->s = g_state;
     c->now = fake_now(g_state);
+    if (g_state->nlat > 0) t_delay_us = call_latency_us(g_state, fn, -1);
     return NVML_SUCCESS;
 }
 
@@ -1449,8 +1555,8 @@ static const unsigned api_first_minor[API_COUNT] = {
 };
 
 /* enter() for an entry point of api_first_branch[] (lock taken as by enter()). */
-static nvmlReturn_t enter_api(ctx_t *c, api_t api) {
-    nvmlReturn_t r = enter(c);
+static nvmlReturn_t enter_api_at(ctx_t *c, api_t api, const char *fn) {
+    nvmlReturn_t r = enter_at(c, fn);
     if (r != NVML_SUCCESS) return r;
     const unsigned branch = c->s->branch, first = api_first_branch[api];
     if (branch < first || (branch == first && c->s->branch_minor < api_first_minor[api]))
@@ -1460,15 +1566,23 @@ static nvmlReturn_t enter_api(ctx_t *c, api_t api) {
 
 static nvmlReturn_t resolve_dev(ctx_t *c, nvmlDevice_t dev, int flags);
 
-static nvmlReturn_t enter_dev_api(ctx_t *c, nvmlDevice_t dev, int flags, api_t api) {
-    nvmlReturn_t r = enter_api(c, api);
+static nvmlReturn_t enter_dev_api_at(ctx_t *c, nvmlDevice_t dev, int flags, api_t api,
+                                     const char *fn) {
+    nvmlReturn_t r = enter_api_at(c, api, fn);
     return r != NVML_SUCCESS ? r : resolve_dev(c, dev, flags);
 }
 
-static nvmlReturn_t enter_dev(ctx_t *c, nvmlDevice_t dev, int flags) {
-    nvmlReturn_t r = enter(c);
+static nvmlReturn_t enter_dev_at(ctx_t *c, nvmlDevice_t dev, int flags, const char *fn) {
+    nvmlReturn_t r = enter_at(c, fn);
     return r != NVML_SUCCESS ? r : resolve_dev(c, dev, flags);
 }
+
+/* Entry points call these; helpers shared by several entry points take the entry point's
+ * name and call the _at() forms. */
+#define enter(c) enter_at((c), __func__)
+#define enter_api(c, api) enter_api_at((c), (api), __func__)
+#define enter_dev(c, dev, flags) enter_dev_at((c), (dev), (flags), __func__)
+#define enter_dev_api(c, dev, flags, api) enter_dev_api_at((c), (dev), (flags), (api), __func__)
 
 /* Validates the handle for enter_dev*() (lock held); fills c->g, c->gpu, c->mig. */
 static nvmlReturn_t resolve_dev(ctx_t *c, nvmlDevice_t dev, int flags) {
@@ -1478,6 +1592,7 @@ static nvmlReturn_t resolve_dev(ctx_t *c, nvmlDevice_t dev, int flags) {
     if (gpu >= (unsigned)c->s->ngpu) return NVML_ERROR_INVALID_ARGUMENT;
     const gpu_t *g = &c->s->gpu[gpu];
     if (mig >= 0 && (!g->mig_mode || mig >= g->nmig)) return NVML_ERROR_INVALID_ARGUMENT;
+    if (c->s->nlat > 0) t_delay_us = call_latency_us(c->s, t_fn, (int)gpu);
     c->g = g;
     c->gpu = gpu;
     c->mig = mig;
@@ -1488,6 +1603,11 @@ static nvmlReturn_t resolve_dev(ctx_t *c, nvmlDevice_t dev, int flags) {
 
 static nvmlReturn_t leave(nvmlReturn_t r) {
     pthread_mutex_unlock(&g_lock);
+    if (t_delay_us > 0) {
+        int64_t us = t_delay_us;
+        t_delay_us = 0;
+        sleep_us(us);
+    }
     return r;
 }
 
@@ -1927,10 +2047,10 @@ EXPORT nvmlReturn_t nvmlDeviceGetMaxClockInfo(nvmlDevice_t device, nvmlClockType
 
 /* The throttle-reason mask under either name; the "clocks event" name is R535+. */
 static nvmlReturn_t clocks_event_reasons(nvmlDevice_t device, unsigned long long *reasons,
-                                         int event_name) {
+                                         int event_name, const char *fn) {
     ctx_t c;
-    nvmlReturn_t r = event_name ? enter_dev_api(&c, device, 0, API_CLOCKS_EVENT_REASONS)
-                                : enter_dev(&c, device, 0);
+    nvmlReturn_t r = event_name ? enter_dev_api_at(&c, device, 0, API_CLOCKS_EVENT_REASONS, fn)
+                                : enter_dev_at(&c, device, 0, fn);
     if (r == NVML_SUCCESS) {
         if (reasons == NULL) {
             r = NVML_ERROR_INVALID_ARGUMENT;
@@ -1944,12 +2064,12 @@ static nvmlReturn_t clocks_event_reasons(nvmlDevice_t device, unsigned long long
 
 EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device,
                                                            unsigned long long *reasons) {
-    return clocks_event_reasons(device, reasons, 1);
+    return clocks_event_reasons(device, reasons, 1, __func__);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t device,
                                                               unsigned long long *reasons) {
-    return clocks_event_reasons(device, reasons, 0);
+    return clocks_event_reasons(device, reasons, 0, __func__);
 }
 
 /* ---- utilization --------------------------------------------------------- */
@@ -1978,6 +2098,29 @@ static double sample_avg(const ctx_t *c, nvmlSamplingType_t type, int64_t ts) {
     return util_integral(c->g, which, a, b) / (double)p;
 }
 
+/* Realistic mode: the driver takes a utilization sample only while the GPU is busy, so the
+ * ring holds the newest FAKE_SAMPLE_RING grid points whose period (ts - period, ts] had any GPU
+ * utilization, however old.  Fills ring[] newest first; returns how many.  Idle stretches are
+ * skipped a block of periods at a time (one integral per block). */
+#define FAKE_IDLE_BLOCK 64
+static int busy_sample_ring(const ctx_t *c, int64_t ring[FAKE_SAMPLE_RING]) {
+    const int64_t p = c->s->period;
+    const int64_t first = -floor_div(-c->s->boot, p) * p;
+    int n = 0;
+    int64_t ts = newest_sample_ts(c);
+    while (ts >= first && n < FAKE_SAMPLE_RING) {
+        int64_t block_lo = ts - FAKE_IDLE_BLOCK * p; /* the block's periods: (block_lo, ts] */
+        if (block_lo < first - p) block_lo = first - p;
+        if (!(util_integral(c->g, UTIL_GPU, block_lo, ts) > 0.0)) {
+            ts = block_lo;
+            continue;
+        }
+        for (; ts > block_lo && n < FAKE_SAMPLE_RING; ts -= p)
+            if (util_integral(c->g, UTIL_GPU, ts - p, ts) > 0.0) ring[n++] = ts;
+    }
+    return n;
+}
+
 EXPORT nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t device, nvmlSamplingType_t type,
                                          unsigned long long lastSeenTimeStamp,
                                          nvmlValueType_t *sampleValType, unsigned int *sampleCount,
@@ -1990,6 +2133,27 @@ EXPORT nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t device, nvmlSamplingType_t
         type != NVML_TOTAL_POWER_SAMPLES)
         return leave(NVML_ERROR_NOT_SUPPORTED);
     if (type != NVML_TOTAL_POWER_SAMPLES && c.g->mig_mode) return leave(NVML_ERROR_NOT_SUPPORTED);
+    if (c.s->realistic && type != NVML_TOTAL_POWER_SAMPLES) {
+        int64_t ring[FAKE_SAMPLE_RING];
+        int have = busy_sample_ring(&c, ring);
+        unsigned n = 0; /* ring[0..n) are newer than lastSeenTimeStamp */
+        while (n < (unsigned)have && (unsigned long long)ring[n] > lastSeenTimeStamp) n++;
+        if (n == 0) return leave(NVML_ERROR_NOT_FOUND);
+        *sampleValType = NVML_VALUE_TYPE_UNSIGNED_INT;
+        if (samples == NULL) {
+            *sampleCount = n;
+            return leave(NVML_SUCCESS);
+        }
+        unsigned give = *sampleCount < n ? *sampleCount : n; /* the oldest ones, as below */
+        for (unsigned i = 0; i < give; i++) {
+            int64_t ts = ring[n - 1 - i];
+            memset(&samples[i], 0, sizeof samples[i]);
+            samples[i].timeStamp = (unsigned long long)ts;
+            samples[i].sampleValue.uiVal = u32_round(sample_avg(&c, type, ts));
+        }
+        *sampleCount = give;
+        return leave(NVML_SUCCESS);
+    }
     int64_t p = c.s->period;
     int64_t newest = newest_sample_ts(&c);
     int64_t first = oldest_sample_ts(&c);
@@ -2049,6 +2213,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetPcieThroughput(nvmlDevice_t device, nvmlPcieUti
     else if (counter == NVML_PCIE_UTIL_RX_BYTES) rate = c.g->pcie_rx_kibps;
     else return leave(NVML_ERROR_INVALID_ARGUMENT);
     *value = u32_round(rate * util_at(c.g, UTIL_GPU, c.now) / 100.0);
+    /* nvml.h: "This function is querying a byte counter over a 20ms interval and thus is the
+     * PCIe throughput over that interval."  Realistic mode takes that long (slept in leave()). */
+    if (c.s->realistic) t_delay_us += FAKE_PCIE_INTERVAL_US;
     return leave(NVML_SUCCESS);
 }
 
@@ -2064,11 +2231,12 @@ EXPORT nvmlReturn_t nvmlDeviceGetPcieReplayCounter(nvmlDevice_t device, unsigned
 
 enum { PCIE_GEN_CUR, PCIE_GEN_MAX, PCIE_GEN_GPU_MAX, PCIE_WIDTH_CUR, PCIE_WIDTH_MAX };
 
-static nvmlReturn_t pcie_link_query(nvmlDevice_t device, int what, unsigned int *out) {
+static nvmlReturn_t pcie_link_query(nvmlDevice_t device, int what, unsigned int *out,
+                                    const char *fn) {
     ctx_t c;
     nvmlReturn_t r = what == PCIE_GEN_GPU_MAX
-                         ? enter_dev_api(&c, device, 0, API_GPU_MAX_PCIE_GEN)
-                         : enter_dev(&c, device, 0);
+                         ? enter_dev_api_at(&c, device, 0, API_GPU_MAX_PCIE_GEN, fn)
+                         : enter_dev_at(&c, device, 0, fn);
     if (r != NVML_SUCCESS) return leave(r);
     if (out == NULL) return leave(NVML_ERROR_INVALID_ARGUMENT);
     switch (what) {
@@ -2082,23 +2250,23 @@ static nvmlReturn_t pcie_link_query(nvmlDevice_t device, int what, unsigned int 
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetCurrPcieLinkGeneration(nvmlDevice_t device, unsigned int *gen) {
-    return pcie_link_query(device, PCIE_GEN_CUR, gen);
+    return pcie_link_query(device, PCIE_GEN_CUR, gen, __func__);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetMaxPcieLinkGeneration(nvmlDevice_t device, unsigned int *gen) {
-    return pcie_link_query(device, PCIE_GEN_MAX, gen);
+    return pcie_link_query(device, PCIE_GEN_MAX, gen, __func__);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetGpuMaxPcieLinkGeneration(nvmlDevice_t device, unsigned int *gen) {
-    return pcie_link_query(device, PCIE_GEN_GPU_MAX, gen);
+    return pcie_link_query(device, PCIE_GEN_GPU_MAX, gen, __func__);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetCurrPcieLinkWidth(nvmlDevice_t device, unsigned int *width) {
-    return pcie_link_query(device, PCIE_WIDTH_CUR, width);
+    return pcie_link_query(device, PCIE_WIDTH_CUR, width, __func__);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t device, unsigned int *width) {
-    return pcie_link_query(device, PCIE_WIDTH_MAX, width);
+    return pcie_link_query(device, PCIE_WIDTH_MAX, width, __func__);
 }
 
 /* ---- NVLink and field values --------------------------------------------- */
@@ -2487,12 +2655,14 @@ static const event_t *next_event(const state_t *s, const struct nvmlEventSet_st 
     return NULL;
 }
 
-static nvmlReturn_t event_wait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned timeoutms) {
+static nvmlReturn_t event_wait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned timeoutms,
+                               const char *fn) {
     if (data == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     const int64_t deadline = monotonic_ms() + (int64_t)timeoutms;
-    for (;;) {
+    for (int polls = 0;; polls++) {
         ctx_t c;
-        nvmlReturn_t r = enter(&c);
+        nvmlReturn_t r = enter_at(&c, fn);
+        if (polls > 0) t_delay_us = 0; /* a call's latency is slept once, not at every poll */
         if (r != NVML_SUCCESS) return leave(r);
         struct nvmlEventSet_st *es = resolve_set(set);
         if (es == NULL) return leave(NVML_ERROR_INVALID_ARGUMENT);
@@ -2517,14 +2687,14 @@ static nvmlReturn_t event_wait(nvmlEventSet_t set, nvmlEventData_t *data, unsign
 
 EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data,
                                         unsigned int timeoutms) {
-    return event_wait(set, data, timeoutms);
+    return event_wait(set, data, timeoutms, __func__);
 }
 
 EXPORT nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_v1_t *data,
                                      unsigned int timeoutms) {
     if (data == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     nvmlEventData_t full;
-    nvmlReturn_t r = event_wait(set, &full, timeoutms);
+    nvmlReturn_t r = event_wait(set, &full, timeoutms, __func__);
     if (r == NVML_SUCCESS) {
         data->device = full.device;
         data->eventType = full.eventType;
@@ -2554,10 +2724,10 @@ static int proc_visible(const ctx_t *c, const proc_t *p) {
 static int cc_process_entry(const state_t *s);
 
 static nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int *infoCount,
-                                      nvmlProcessInfo_t *infos, int v3) {
+                                      nvmlProcessInfo_t *infos, int v3, const char *fn) {
     ctx_t c;
-    nvmlReturn_t r = v3 ? enter_dev_api(&c, device, ALLOW_MIG, API_COMPUTE_PROCS_V3)
-                        : enter_dev(&c, device, ALLOW_MIG);
+    nvmlReturn_t r = v3 ? enter_dev_api_at(&c, device, ALLOW_MIG, API_COMPUTE_PROCS_V3, fn)
+                        : enter_dev_at(&c, device, ALLOW_MIG, fn);
     if (r != NVML_SUCCESS) return leave(r);
     if (infoCount == NULL) return leave(NVML_ERROR_INVALID_ARGUMENT);
     unsigned n = 0;
@@ -2623,13 +2793,13 @@ EXPORT nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t device, v
 EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
                                                             unsigned int *infoCount,
                                                             nvmlProcessInfo_t *infos) {
-    return running_processes(device, infoCount, infos, 1);
+    return running_processes(device, infoCount, infos, 1, __func__);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device,
                                                             unsigned int *infoCount,
                                                             nvmlProcessInfo_t *infos) {
-    return running_processes(device, infoCount, infos, 0);
+    return running_processes(device, infoCount, infos, 0, __func__);
 }
 
 /* One sample per registered process, stamped with the newest utilization sample. */
@@ -2644,19 +2814,35 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
     if (c.g->mig_mode) return leave(NVML_ERROR_NOT_SUPPORTED);
     int64_t ts = newest_sample_ts(&c);
     unsigned n = (unsigned)c.g->nprocs;
-    if (n == 0 || ts < oldest_sample_ts(&c) || (unsigned long long)ts <= lastSeenTimeStamp)
-        return leave(NVML_ERROR_NOT_FOUND);
+    if (c.s->realistic) {
+        /* Process samples come every proc_period only, and (nvml.h, this call) "One
+         * utilization sample structure is returned per process running, that had some non-zero
+         * utilization during the last sample period". */
+        const int64_t pp = c.s->proc_period;
+        ts = floor_div(c.now, pp) * pp;
+        n = 0;
+        for (int i = 0; i < c.g->nprocs; i++)
+            if (c.g->procs[i].sm > 0 || c.g->procs[i].mem > 0) n++;
+        if (ts < c.s->boot) n = 0;
+    } else if (ts < oldest_sample_ts(&c)) {
+        n = 0;
+    }
+    if (n == 0 || (unsigned long long)ts <= lastSeenTimeStamp) return leave(NVML_ERROR_NOT_FOUND);
     if (utilization == NULL || *processSamplesCount < n) {
         *processSamplesCount = n;
         return leave(NVML_ERROR_INSUFFICIENT_SIZE);
     }
-    for (unsigned i = 0; i < n; i++) {
+    unsigned k = 0;
+    for (int i = 0; i < c.g->nprocs; i++) {
         const proc_t *p = &c.g->procs[i];
-        memset(&utilization[i], 0, sizeof utilization[i]);
-        utilization[i].pid = p->pid;
-        utilization[i].timeStamp = (unsigned long long)ts;
-        utilization[i].smUtil = p->sm;
-        utilization[i].memUtil = p->mem;
+        if (c.s->realistic && p->sm == 0 && p->mem == 0) continue;
+        memset(&utilization[k], 0, sizeof utilization[k]);
+        utilization[k].pid = p->pid;
+        utilization[k].timeStamp = (unsigned long long)ts;
+        /* proc_util_scale (default 1): values above 100 %, as suspected on real hardware */
+        utilization[k].smUtil = u32_round((double)p->sm * c.g->proc_util_scale);
+        utilization[k].memUtil = u32_round((double)p->mem * c.g->proc_util_scale);
+        k++;
     }
     *processSamplesCount = n;
     return leave(NVML_SUCCESS);
@@ -2942,6 +3128,16 @@ static void fabric_uuid(const gpu_t *g, unsigned char out[NVML_GPU_FABRIC_UUID_L
     if (nibbles == 2 * NVML_GPU_FABRIC_UUID_LEN) memcpy(out, buf, sizeof buf);
 }
 
+/* The fabric state and status at `now`: the last "fs" entry started by then, else the "g" keys. */
+static void fabric_state_at(const gpu_t *g, int64_t now, unsigned *state, unsigned *status) {
+    *state = g->fabric_state;
+    *status = g->fabric_status;
+    for (int i = 0; i < g->nfs && g->fs[i].start <= now; i++) {
+        *state = g->fs[i].state;
+        *status = g->fs[i].status;
+    }
+}
+
 EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t device,
                                                nvmlGpuFabricInfo_t *gpuFabricInfo) {
     ctx_t c;
@@ -2951,9 +3147,11 @@ EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t device,
     if (!c.g->fabric) return leave(NVML_ERROR_NOT_SUPPORTED);
     memset(gpuFabricInfo, 0, sizeof *gpuFabricInfo);
     fabric_uuid(c.g, gpuFabricInfo->clusterUuid);
-    gpuFabricInfo->status = (nvmlReturn_t)c.g->fabric_status;
+    unsigned state, status;
+    fabric_state_at(c.g, c.now, &state, &status);
+    gpuFabricInfo->status = (nvmlReturn_t)status;
     gpuFabricInfo->cliqueId = c.g->fabric_clique;
-    gpuFabricInfo->state = c.g->fabric_state;
+    gpuFabricInfo->state = state;
     return leave(NVML_SUCCESS);
 }
 
@@ -2973,9 +3171,11 @@ EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device,
     memset(&v2, 0, sizeof v2);
     v2.version = version;
     fabric_uuid(c.g, v2.clusterUuid);
-    v2.status = (nvmlReturn_t)c.g->fabric_status;
+    unsigned state, status;
+    fabric_state_at(c.g, c.now, &state, &status);
+    v2.status = (nvmlReturn_t)status;
     v2.cliqueId = c.g->fabric_clique;
-    v2.state = c.g->fabric_state;
+    v2.state = state;
     v2.healthMask = c.g->fabric_health_mask;
     memcpy(gpuFabricInfo, &v2, sizeof v2); /* a v2 caller's struct is only this large */
     if (version == nvmlGpuFabricInfo_v3)
