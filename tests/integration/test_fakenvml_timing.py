@@ -206,12 +206,12 @@ def test_process_util_scale_exceeds_100_only_when_asked(make_fake: Make) -> None
 def test_pcie_throughput_takes_its_20ms_interval_only_in_realistic_mode(make_fake: Make) -> None:
     make_fake("dgx-h100")
     fast = timed(lambda: nv.nvmlDeviceGetPcieThroughput(h(0), nv.NVML_PCIE_UTIL_TX_BYTES))
-    assert fast < 0.005
+    assert fast < 0.01
     make_fake()
     slow = timed(lambda: nv.nvmlDeviceGetPcieThroughput(h(0), nv.NVML_PCIE_UTIL_RX_BYTES))
-    assert 0.020 <= slow < 0.060
+    assert 0.020 <= slow < 0.1
     # Other calls stay fast.
-    assert timed(lambda: nv.nvmlDeviceGetPowerUsage(h(0))) < 0.005
+    assert timed(lambda: nv.nvmlDeviceGetPowerUsage(h(0))) < 0.01
 
 
 def test_pcie_wait_does_not_hold_up_other_threads(make_fake: Make) -> None:
@@ -227,7 +227,7 @@ def test_pcie_wait_does_not_hold_up_other_threads(make_fake: Make) -> None:
     time.sleep(0.01)
     took = timed(lambda: nv.nvmlDeviceGetTemperature(handle, nv.NVML_TEMPERATURE_GPU), n=5)
     t.join()
-    assert took < 0.005
+    assert took < 0.01
 
 
 # ---- per-call latency --------------------------------------------------------------------------
@@ -236,22 +236,22 @@ def test_pcie_wait_does_not_hold_up_other_threads(make_fake: Make) -> None:
 def test_latency_delays_exactly_the_named_call_on_the_named_gpu(make_fake: Make) -> None:
     fake = make_fake("dgx-h100")
     fake.set_call_latency(0.05, "nvmlDeviceGetPowerUsage", gpu=1)
-    assert 0.05 <= timed(lambda: nv.nvmlDeviceGetPowerUsage(h(1))) < 0.09
-    assert timed(lambda: nv.nvmlDeviceGetPowerUsage(h(0))) < 0.005
-    assert timed(lambda: nv.nvmlDeviceGetTemperature(h(1), nv.NVML_TEMPERATURE_GPU)) < 0.005
+    assert 0.05 <= timed(lambda: nv.nvmlDeviceGetPowerUsage(h(1))) < 0.15
+    assert timed(lambda: nv.nvmlDeviceGetPowerUsage(h(0))) < 0.01
+    assert timed(lambda: nv.nvmlDeviceGetTemperature(h(1), nv.NVML_TEMPERATURE_GPU)) < 0.01
 
     fake.set_call_latency(0.03, "nvmlDeviceGetPowerUsage")  # every GPU; gpu 1's rule wins there
-    assert 0.03 <= timed(lambda: nv.nvmlDeviceGetPowerUsage(h(0))) < 0.045
-    assert 0.05 <= timed(lambda: nv.nvmlDeviceGetPowerUsage(h(1))) < 0.09
+    assert 0.03 <= timed(lambda: nv.nvmlDeviceGetPowerUsage(h(0))) < 0.1
+    assert 0.05 <= timed(lambda: nv.nvmlDeviceGetPowerUsage(h(1))) < 0.15
 
     # A helper shared by entry points still delays only the one named.
     fake.set_call_latency(0.03, "nvmlDeviceGetMaxPcieLinkWidth")
-    assert timed(lambda: nv.nvmlDeviceGetCurrPcieLinkWidth(h(0))) < 0.005
+    assert timed(lambda: nv.nvmlDeviceGetCurrPcieLinkWidth(h(0))) < 0.01
     assert timed(lambda: nv.nvmlDeviceGetMaxPcieLinkWidth(h(0))) >= 0.03
 
     fake.set_call_latency(0, "nvmlDeviceGetPowerUsage", gpu=1)
     fake.set_call_latency(0, "nvmlDeviceGetPowerUsage")
-    assert timed(lambda: nv.nvmlDeviceGetPowerUsage(h(1))) < 0.005
+    assert timed(lambda: nv.nvmlDeviceGetPowerUsage(h(1))) < 0.01
 
 
 def test_latency_for_every_call(make_fake: Make) -> None:
@@ -261,7 +261,7 @@ def test_latency_for_every_call(make_fake: Make) -> None:
     assert timed(nv.nvmlSystemGetDriverVersion) >= 0.02
     fake.set_call_latency(0.02, gpu=3)  # every call on GPU 3's handles
     fake.set_call_latency(0)  # removes the rule for every call; GPU 3's stays
-    assert timed(lambda: nv.nvmlDeviceGetTemperature(h(2), nv.NVML_TEMPERATURE_GPU)) < 0.005
+    assert timed(lambda: nv.nvmlDeviceGetTemperature(h(2), nv.NVML_TEMPERATURE_GPU)) < 0.01
     assert timed(lambda: nv.nvmlDeviceGetTemperature(h(3), nv.NVML_TEMPERATURE_GPU)) >= 0.02
     with pytest.raises(ValueError):
         fake.set_call_latency(-1)
