@@ -128,9 +128,11 @@ class UtilizationIntegrator:
         if ratio > self.idle_threshold:
             self.last_active = wall
 
-    def forget_rate(self) -> None:
-        """The next rate reading starts afresh (samples covered the time in between)."""
-        self._last_rate_at = None
+    def samples_cover_until(self, monotonic: float) -> None:
+        """Samples covered the time up to this tick: a rate reading at a later tick (the
+        ring ran dry) covers the time from here, so a busy -> idle edge is idle time at
+        once, not unsampled time for the tick or two until a second reading."""
+        self._last_rate_at = monotonic
 
     def _credit(self, ratio: float, seconds: float) -> None:
         self.busy_seconds += ratio * seconds
@@ -318,7 +320,7 @@ class Sampler:
                     (int(s.timeStamp), float(union_value(value_type, s.sampleValue)))
                     for s in samples
                 )
-                state.util.forget_rate()
+                state.util.samples_cover_until(now)
             else:
                 # No new sample since the last tick: NVML's ring runs dry while a GPU idles.
                 # The current reading covers this tick (capped), so an idle GPU accrues idle
