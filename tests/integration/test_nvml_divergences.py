@@ -209,6 +209,14 @@ def test_the_oldest_supported_driver_branch_r470_serves_every_gpu(inprocess) -> 
     assert dict(h.gpu.nvml.errors) == {}
 
 
+def _pynvml_entry_size() -> int:
+    """The running-process entry the installed nvidia-ml-py passes (24 or 32 bytes)."""
+    import ctypes
+
+    entry = getattr(pynvml, "c_nvmlProcessInfo_v3_t", None) or pynvml.c_nvmlProcessInfo_t
+    return ctypes.sizeof(entry)
+
+
 def test_early_r535_process_entries_are_read_with_their_own_layout(inprocess) -> None:
     """Driver 535.54's nvml.h declared nvmlProcessInfo_t with usedGpuCcProtectedMemory (32
     bytes); 535.104 moved it out. pynvml 13 passes 24-byte entries, so every process after
@@ -221,8 +229,9 @@ def test_early_r535_process_entries_are_read_with_their_own_layout(inprocess) ->
             fake.add_process(6, pid, used_memory_bytes=(i + 1) << 30)
 
     h = inprocess("dgx-h100", setup=setup)
-    listed = pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(6))
-    assert [p.pid for p in listed] != pids  # what pynvml's own struct makes of it
+    if _pynvml_entry_size() == 24:  # pynvml 13's own struct misreads this driver's list
+        handle = pynvml.nvmlDeviceGetHandleByIndex(6)
+        assert [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)] != pids
     procs = next(r for r in h.gpu.collect().gpus if r.identity.index == 6).processes
     assert [(p.pid, p.used_memory_bytes) for p in procs] == sorted(
         (pid, (i + 1) << 30) for i, pid in enumerate(pids)
@@ -236,8 +245,10 @@ def test_r535_104_and_later_write_the_short_entry(inprocess) -> None:
         fake.add_process(2, 1, used_memory_bytes=2 << 30)
 
     h = inprocess("dgx-h100", setup=setup)
-    listed = pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(2))
-    assert sorted(p.pid for p in listed) == sorted([os.getpid(), 1])
+    if _pynvml_entry_size() == 24:  # pynvml 12.535's 32-byte struct misreads this one
+        handle = pynvml.nvmlDeviceGetHandleByIndex(2)
+        listed = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        assert sorted(p.pid for p in listed) == sorted([os.getpid(), 1])
     procs = next(r for r in h.gpu.collect().gpus if r.identity.index == 2).processes
     assert sorted(p.pid for p in procs) == sorted([os.getpid(), 1])
 
