@@ -1619,6 +1619,37 @@ static nvmlReturn_t copy_str(char *dst, unsigned length, const char *src) {
     return NVML_SUCCESS;
 }
 
+/* Whether the calling process holds CAP_SYS_ADMIN (bit 21 of CapEff), read at nvmlInit.
+ * In MIG mode the driver answers processes and memory through the parent GPU handle only to
+ * such a caller (nvml.h, nvmlDeviceGetMemoryInfo and the RunningProcesses calls: "In MIG
+ * mode, if device handle is provided, the API returns aggregate information, only if the
+ * caller has appropriate privileges. Per-instance information can be queried by using
+ * specific MIG device handles."); uid 0 alone is not enough. */
+static int g_sys_admin = 1;
+
+static int read_sys_admin(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (f == NULL) return 1;
+    char line[256];
+    int found = 1;
+    while (fgets(line, sizeof line, f) != NULL) {
+        if (strncmp(line, "CapEff:", 7) == 0) {
+            unsigned long long caps = strtoull(line + 7, NULL, 16);
+            found = (caps >> 21) & 1u ? 1 : 0;
+            break;
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+/* NO_PERMISSION for aggregate queries through a MIG-enabled GPU's parent handle without
+ * CAP_SYS_ADMIN (see g_sys_admin). */
+static nvmlReturn_t mig_parent_check(const ctx_t *c) {
+    return c->mig < 0 && c->g->mig_mode && !g_sys_admin ? NVML_ERROR_NO_PERMISSION
+                                                        : NVML_SUCCESS;
+}
+
 static nvmlReturn_t do_init(void) {
     pthread_mutex_lock(&g_lock);
     if (g_refcount > 0) {
@@ -1641,6 +1672,7 @@ static nvmlReturn_t do_init(void) {
         return leave(rc == -1 ? NVML_ERROR_DRIVER_NOT_LOADED : NVML_ERROR_UNKNOWN);
     }
     memset(g_sets, 0, sizeof g_sets);
+    g_sys_admin = read_sys_admin();
     g_refcount = 1;
     return leave(NVML_SUCCESS);
 }
@@ -2533,6 +2565,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *m
     nvmlReturn_t r = enter_dev(&c, device, ALLOW_MIG);
     if (r != NVML_SUCCESS) return leave(r);
     if (memory == NULL) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if ((r = mig_parent_check(&c)) != NVML_SUCCESS) return leave(r);
     unsigned long long total, reserved, used;
     memory_numbers(&c, &total, &reserved, &used);
     memory->total = total;
@@ -2547,6 +2580,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v
     if (r != NVML_SUCCESS) return leave(r);
     if (memory == NULL) return leave(NVML_ERROR_INVALID_ARGUMENT);
     if (memory->version != nvmlMemory_v2) return leave(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    if ((r = mig_parent_check(&c)) != NVML_SUCCESS) return leave(r);
     unsigned long long total, reserved, used;
     memory_numbers(&c, &total, &reserved, &used);
     memory->total = total;
@@ -2730,6 +2764,7 @@ static nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int *infoCou
                         : enter_dev_at(&c, device, ALLOW_MIG, fn);
     if (r != NVML_SUCCESS) return leave(r);
     if (infoCount == NULL) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if ((r = mig_parent_check(&c)) != NVML_SUCCESS) return leave(r);
     unsigned n = 0;
     for (int i = 0; i < c.g->nprocs; i++) n += proc_visible(&c, &c.g->procs[i]) ? 1u : 0u;
     if (n == 0) {
