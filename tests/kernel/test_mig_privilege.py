@@ -69,3 +69,44 @@ def test_without_cap_sys_admin_mig_processes_come_through_the_mig_handles(
     assert unprivileged["refused"] == []
     assert unprivileged["memory_used"] is None  # the parent's aggregate is refused: absent
     assert any(m for m in unprivileged["mig_memory"])  # per instance still answers
+
+
+EVENTS_CHILD = """
+import json, sys, time
+import pynvml as nv
+nv.nvmlInit()
+h = nv.nvmlDeviceGetHandleByIndex(6)
+events = nv.nvmlEventSetCreate()
+nv.nvmlDeviceRegisterEvents(h, nv.nvmlEventTypeXidCriticalError, events)
+print("ready", flush=True)
+got, deadline = [], time.monotonic() + 2.0
+while time.monotonic() < deadline:
+    try:
+        got.append(int(nv.nvmlEventSetWait_v2(events, 100).eventData))
+    except nv.NVMLError_Timeout:
+        pass
+print(json.dumps(sorted(got)))
+"""
+
+
+def _xids_seen(fake: FakeNvml, *, drop_sys_admin: bool) -> list[int]:
+    command = [sys.executable, "-c", EVENTS_CHILD]
+    if drop_sys_admin:
+        command = ["capsh", "--drop=cap_sys_admin", "--", "-c", " ".join(map(_quote, command))]
+    env = os.environ | fake.env() | {"PYTHONPATH": str(REPO)}
+    with subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, text=True) as child:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "ready"
+        fake.inject_xid(6, 31, gpu_instance_id=1, compute_instance_id=0)  # inside a MIG slice
+        fake.inject_xid(6, 43)  # the GPU's own
+        out = child.stdout.read()
+    return list(json.loads(out.strip().splitlines()[-1]))
+
+
+def test_xids_from_inside_a_mig_slice_need_cap_sys_admin(tmp_path: Path) -> None:
+    """The driver delivers events from inside a MIG slice only with CAP_SYS_ADMIN: without
+    it the agent cannot count them (gpuscope_gpu_xid_events_watched says only whether the
+    registration was accepted; docs/deploy.md states the trade-off)."""
+    fake = FakeNvml("hgx-a100-mig", tmp_path / "state")
+    assert _xids_seen(fake, drop_sys_admin=False) == [31, 43]
+    assert _xids_seen(fake, drop_sys_admin=True) == [43]

@@ -2684,6 +2684,8 @@ static const event_t *next_event(const state_t *s, const struct nvmlEventSet_st 
         if (e->seq <= es->cursor || e->gpu >= (unsigned)s->ngpu) continue;
         if (!(es->types[e->gpu] & nvmlEventTypeXidCriticalError)) continue;
         if (e->seq <= es->reg_seq[e->gpu]) continue;
+        /* An XID from inside a MIG slice reaches only a caller with CAP_SYS_ADMIN. */
+        if (e->gi != NVML_VALUE_NOT_AVAILABLE_UINT && !g_sys_admin) continue;
         return e;
     }
     return NULL;
