@@ -11,10 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from gpuscope.agent.clock import Clock
 from gpuscope.agent.sources import Source
+
+if TYPE_CHECKING:  # config imports the registry, which imports the declarations
+    from gpuscope.agent.config import AgentOptions
 
 R = TypeVar("R")  # the records the collector's source returns
 O = TypeVar("O")  # the collector's options dataclass  # noqa: E741
@@ -24,7 +27,7 @@ O = TypeVar("O")  # the collector's options dataclass  # noqa: E741
 class BuildContext(Generic[O]):
     """What `Collector.build` gets: the agent-wide options and the collector's own."""
 
-    agent: Any  # gpuscope.agent.config.AgentOptions (host roots, node name, kubeconfig)
+    agent: AgentOptions  # host roots, node name, kubeconfig
     options: O
     clock: Clock
     background: bool  # False: tests drive background work (sampler ticks, polls) by hand
