@@ -50,6 +50,8 @@ class ProcessReader:
         self._supported: dict[str, bool] = {}
         self._layout: Layout | None = None  # decided on the first read, for the session
         self._per_instance: set[str] = set()  # MIG GPUs whose parent handle refused the list
+        # Their MIG device handles, by GPU UUID, for the MIG layout they were read for.
+        self._mig_handle_cache: dict[str, tuple[tuple[str, ...], list[tuple[str, Any]]]] = {}
         self.readable: dict[str, bool] = {}  # by GPU UUID: did NVML let us list processes?
 
     def read(self, device: Device, migs: tuple[MigInstance, ...] = ()) -> tuple[GpuProcess, ...]:
@@ -108,13 +110,24 @@ class ProcessReader:
             self._per_instance.add(uuid)
         listed: list[Process] = []
         refused = 0
-        handles = self._mig_handles(h)
+        handles = self._mig_handles_for(uuid, h, migs)
         for mig_uuid, mig_handle in handles:
             running, code = running_processes(self._nvml, mig_handle, self._layout)
             refused += code == NO_PERMISSION
             listed.extend(replace(proc, mig_uuid=mig_uuid) for proc in running or ())
         self.readable[uuid] = not handles or refused < len(handles)
         return listed
+
+    def _mig_handles_for(
+        self, uuid: str, handle: Any, migs: tuple[MigInstance, ...]
+    ) -> list[tuple[str, Any]]:
+        """The MIG device handles, looked up again only when the MIG layout changed (the
+        scrape already read the instances; this path must not repeat it every scrape)."""
+        layout = tuple(m.mig_uuid for m in migs)
+        cached = self._mig_handle_cache.get(uuid)
+        if cached is None or cached[0] != layout:
+            cached = self._mig_handle_cache[uuid] = (layout, self._mig_handles(handle))
+        return cached[1]
 
     def _mig_handles(self, handle: Any) -> list[tuple[str, Any]]:
         count = self._nvml.query("nvmlDeviceGetMaxMigDeviceCount", handle) or 0

@@ -316,11 +316,17 @@ class Sampler:
             )
             if got is not None:
                 value_type, samples = got
+                dropped = state.util.dropped_samples
                 state.util.add_samples(
                     (int(s.timeStamp), float(union_value(value_type, s.sampleValue)))
                     for s in samples
                 )
                 state.util.samples_cover_until(now)
+                if not dropped and state.util.dropped_samples:  # once per GPU: a driver quirk
+                    log.warning(
+                        "GPU %d: utilization samples stamped 0 or outside 0-100%% are dropped",
+                        device.identity.index,
+                    )
             else:
                 # No new sample since the last tick: NVML's ring runs dry while a GPU idles.
                 # The current reading covers this tick (capped), so an idle GPU accrues idle
