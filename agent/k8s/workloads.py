@@ -5,6 +5,11 @@ that own pods, a PyTorchJob owns pods through the training operator, a Deploymen
 ReplicaSets. The framework labels name the workload a user recognises, so they are checked
 first, in a configurable order; controller owner references come after; a bare pod is its
 own workload. Pure: table-tested on literal pod metadata.
+
+Every field of a `Workload` becomes a Prometheus label value, and annotations are free text
+of any length (a 200 KB `volcano.sh/job-name` was seen), so each is bounded here, where the
+record is made, to `PROMETHEUS_LABEL_MAX` characters: a readable prefix and a hash of the
+whole (`agent/bounded.py`). Every consumer sees the same bounded value.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from gpuscope.agent.bounded import bounded
 
 DEFAULT_ORDER = ("jobset", "kubeflow", "volcano", "lws", "ray", "job", "owner")
 
@@ -130,7 +137,13 @@ RESOLVERS = {
 
 
 def resolve(pod: Mapping[str, Any], order: Sequence[str] = DEFAULT_ORDER) -> Workload:
-    """The workload of a pod given as Kubernetes JSON (metadata is all that is read)."""
+    """The workload of a pod given as Kubernetes JSON (metadata is all that is read), each
+    field bounded to a label value's length."""
+    found = _resolve(pod, order)
+    return Workload(bounded(found.kind), bounded(found.name), bounded(found.replica))
+
+
+def _resolve(pod: Mapping[str, Any], order: Sequence[str]) -> Workload:
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
     annotations = meta.get("annotations") or {}

@@ -4,16 +4,17 @@ A label value is at most 63 characters of `[A-Za-z0-9._-]`, beginning and ending
 alphanumeric character. NVML product names ("NVIDIA H100 80GB HBM3") need sanitizing the
 way GPU Feature Discovery does (spaces to `-`, other characters dropped); a value that is
 still too long keeps a readable prefix and ends in a short hash of the whole, so two long
-names never collide and the same name always gives the same value.
+names never collide and the same name always gives the same value (`agent/bounded.py`, the
+rule the pods collector applies to workload names too).
 """
 
 from __future__ import annotations
 
-import hashlib
 import re
 
+from gpuscope.agent.bounded import bounded
+
 MAX_LENGTH = 63
-HASH_LENGTH = 8
 _INVALID = re.compile(r"[^A-Za-z0-9._-]")
 _EDGES = re.compile(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$")
 
@@ -30,11 +31,7 @@ def label_value(text: str, max_length: int = MAX_LENGTH) -> str:
     shares the same 63 characters with what precedes it.
     """
     value = _EDGES.sub("", sanitize(text))
-    if len(value) <= max_length:
-        return value
-    digest = hashlib.sha256(text.encode()).hexdigest()[:HASH_LENGTH]
-    prefix = _EDGES.sub("", value[: max_length - HASH_LENGTH - 1])
-    return f"{prefix}-{digest}"
+    return bounded(value, max_length, digest_of=text, tidy=lambda prefix: _EDGES.sub("", prefix))
 
 
 def is_valid_value(value: str) -> bool:

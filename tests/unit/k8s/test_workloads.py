@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from gpuscope.agent.bounded import PROMETHEUS_LABEL_MAX
 from gpuscope.agent.k8s.workloads import Workload, resolve
 
 
@@ -75,3 +76,25 @@ def test_order_is_configurable() -> None:
     both = pod("x", {"jobset.sigs.k8s.io/jobset-name": "js", "batch.kubernetes.io/job-name": "j"})
     assert resolve(both).kind == "JobSet"
     assert resolve(both, order=("job", "jobset")).kind == "Job"
+
+
+def test_a_huge_annotation_becomes_a_bounded_readable_workload_name() -> None:
+    # Seen in the wild: a 200 KB volcano.sh/job-name annotation, copied onto every series.
+    huge = "llama-pretrain-" + "x" * 200_000
+    other = "llama-pretrain-" + "x" * 199_999 + "y"
+    found = resolve(pod("w-0", annotations={"volcano.sh/job-name": huge,
+                                             "volcano.sh/task-spec": "t" * 5000}))  # fmt: skip
+    assert found.kind == "VolcanoJob"
+    assert len(found.name) == PROMETHEUS_LABEL_MAX and found.name.startswith("llama-pretrain-x")
+    assert len(found.replica) <= PROMETHEUS_LABEL_MAX
+    again = resolve(pod("w-1", annotations={"volcano.sh/job-name": huge}))
+    assert again.name == found.name  # the same job gives the same label on every pod
+    assert resolve(pod("w-2", annotations={"volcano.sh/job-name": other})).name != found.name
+
+
+def test_names_within_the_bound_are_untouched() -> None:
+    name = "n" * PROMETHEUS_LABEL_MAX
+    assert resolve(pod("p", {"jobset.sigs.k8s.io/jobset-name": name})).name == name
+    owner_name = "d" * 300  # owner names may be 253 characters, pod names too
+    found = resolve(pod("p", {}, None, [owner("StatefulSet", owner_name)]))
+    assert len(found.name) == PROMETHEUS_LABEL_MAX
