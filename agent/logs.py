@@ -8,6 +8,11 @@ import sys
 import time
 from typing import TextIO
 
+# HTTP client libraries that log every request at INFO (httpx: "HTTP Request: GET ... 200"),
+# one line per Kubernetes API call: kept to warnings unless the agent logs at debug.
+# lightkube 1.x speaks through httpx2/httpcore2, the older releases through httpx/httpcore.
+CHATTY = ("httpx", "httpx2", "httpcore", "httpcore2", "lightkube")
+
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 
 
@@ -38,3 +43,6 @@ def setup(fmt: str = "text", level: str = "info", stream: TextIO | None = None) 
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    quiet = logging.NOTSET if root.level <= logging.DEBUG else logging.WARNING
+    for name in CHATTY:
+        logging.getLogger(name).setLevel(quiet)
