@@ -14,13 +14,18 @@ apiserver. What a real apiserver does is followed where it matters to a client:
 - Under a label or field selector an object moving into the selection is `ADDED` and one
   moving out is `DELETED` (with its previous content and the new resourceVersion).
 - `BOOKMARK` events (only when `allowWatchBookmarks=true`) carry just kind, apiVersion and
-  `metadata.resourceVersion`: every `bookmark_interval` seconds and on `bookmark()`.
+  `metadata.resourceVersion`: every `bookmark_interval` seconds (a real apiserver's watch
+  cache sends one a minute), on `bookmark()`, and, as the watch cache does, once 2 s before
+  a watch's `timeoutSeconds` runs out, so a client can resume from the freshest version.
 - JSON patch failures are 422 `Invalid`; a resourceVersion mismatch on PUT or in a patch is 409
   `Conflict`; strategic merge patch on the custom resource is 415, as for any CRD.
 - Writes to `pods`/`nodes` keep the stored `.status`; `/status` writes change only `.status`.
 
 Fault injection: `fail_next`, `delay`, `expire_history`, `drop_watches` (connections cut
-mid-stream, no terminating chunk) and `stop`/`start` on the same port. Every request is logged
+mid-stream, no terminating chunk), `freeze_watches` (connections kept open with nothing ever
+sent again: no event, no bookmark, no end at `timeoutSeconds`, what a client sees behind a
+half-open TCP connection or a wedged proxy; new requests are served as usual) and
+`stop`/`start` on the same port. Every request is logged
 in `requests` with its verb, so tests can assert "relisted once" or "patched only on change".
 Handler crashes are answered 500 and kept in `errors`; a test should assert it stays empty.
 
@@ -44,6 +49,7 @@ import copy
 import itertools
 import json
 import re
+import select
 import socket
 import sys
 import threading
@@ -989,6 +995,7 @@ class _Watch:
     selection: Selection
     bookmarks: bool
     dropped: bool = False
+    frozen: bool = False  # freeze_watches(): send nothing more, keep the connection open
     bookmarks_sent: int = 0  # how many of the server's bookmark() requests it has answered
 
 
@@ -1228,6 +1235,23 @@ class KubeApiServer:
         for watch in watches:
             _cut(watch.handler.connection)
         return len(watches)
+
+    def freeze_watches(self) -> int:
+        """Freeze every open watch: its connection stays open but nothing is sent on it any
+        more, not even the end of stream at its timeout, until the client hangs up (or
+        `drop_watches`/`stop`). Watches opened later stream normally. Returns how many."""
+        with self._changed:
+            watches = [w for w in self._watches if not w.dropped and not w.frozen]
+            for watch in watches:
+                watch.frozen = True
+            self._changed.notify_all()
+        return len(watches)
+
+    @property
+    def frozen_watches(self) -> int:
+        """How many frozen watches are still connected (their client has not hung up)."""
+        with self._lock:
+            return sum(1 for w in self._watches if w.frozen and not w.dropped)
 
     def bookmark(self) -> None:
         """Send a BOOKMARK now to every watch that allows bookmarks."""
@@ -2111,11 +2135,18 @@ class KubeApiServer:
                     self._watches.remove(watch)
 
     def _stream(self, h: _Handler, watch: _Watch, cursor: int, deadline: float | None) -> bool:
-        """Send events until the deadline (True: end cleanly) or a drop/stop (False)."""
+        """Send events until the deadline (True: end cleanly) or a drop/stop, or the client
+        hanging up on a frozen watch (False)."""
         rt = watch.selection.rt
         next_bookmark = (
             time.monotonic() + self.bookmark_interval
             if watch.bookmarks and self.bookmark_interval
+            else None
+        )
+        # The watch cache's last bookmark, 2 s before the deadline (cacheWatcher.nextBookmarkTime).
+        final_bookmark = (
+            deadline - 2.0
+            if watch.bookmarks and deadline is not None and deadline - 2.0 > time.monotonic()
             else None
         )
         while True:
@@ -2124,6 +2155,13 @@ class KubeApiServer:
                 while True:
                     if watch.dropped:
                         return False
+                    if watch.frozen:
+                        # Nothing goes out; only notice the client giving up, so this thread
+                        # ends with its connection.
+                        self._changed.wait(0.05)
+                        if _peer_closed(h.connection):
+                            return False
+                        continue
                     if cursor < self._floor and self._rv > cursor:
                         message = f"too old resource version: {cursor} ({self._floor})"
                         out.append(("ERROR", expired(message).status()))
@@ -2149,9 +2187,14 @@ class KubeApiServer:
                         next_bookmark = now + (self.bookmark_interval or 0)
                         out.append(("BOOKMARK", _bookmark(rt, cursor)))
                         break
+                    if final_bookmark is not None and now >= final_bookmark:
+                        final_bookmark = None
+                        out.append(("BOOKMARK", _bookmark(rt, cursor)))
+                        break
                     if deadline is not None and now >= deadline:
                         return True
-                    waits = [t - now for t in (deadline, next_bookmark) if t is not None]
+                    timers = (deadline, next_bookmark, final_bookmark)
+                    waits = [t - now for t in timers if t is not None]
                     self._changed.wait(min(waits) if waits else None)
             for kind, obj in out:
                 _write_event(h, kind, obj)
@@ -2163,6 +2206,15 @@ def _cut(conn: socket.socket) -> None:
     """Close a connection abruptly, under whoever is reading or writing it."""
     with contextlib.suppress(OSError):
         conn.shutdown(socket.SHUT_RDWR)
+
+
+def _peer_closed(conn: socket.socket) -> bool:
+    """Whether the client has hung up (EOF or an error pending), without reading its data."""
+    try:
+        readable, _, _ = select.select([conn], [], [], 0)
+        return bool(readable) and conn.recv(1, socket.MSG_PEEK) == b""
+    except (OSError, ValueError):  # reset, or already closed under us
+        return True
 
 
 def _truthy(value: str | None) -> bool:

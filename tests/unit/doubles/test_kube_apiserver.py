@@ -31,6 +31,7 @@ from tests.doubles.kube_apiserver import (
     pod,
     strategic_merge_patch,
 )
+from tests.support import wait_for
 
 NF_PATH = "/apis/nfd.k8s-sigs.io/v1alpha1/namespaces/nfd/nodefeatures"
 
@@ -590,6 +591,41 @@ def test_watch_ends_cleanly_at_its_timeout(api: KubeApiServer, watch: Any) -> No
     api.max_watch_seconds = 0.05  # apiserver's own cap, whichever is shorter
     assert watch("/api/v1/pods?watch=1&timeoutSeconds=30").ends_cleanly()
     assert call(api, "GET", "/api/v1/pods?watch=1&timeoutSeconds=soon").status == 400
+
+
+def test_a_bookmark_comes_before_the_watch_times_out(api: KubeApiServer, watch: Any) -> None:
+    api.add_node("n1")
+    rv = api.resource_version
+    stream = watch(
+        f"/api/v1/nodes?watch=1&resourceVersion={rv}&allowWatchBookmarks=1&timeoutSeconds=3"
+    )
+    event = stream.event()  # 2 s before the deadline, as the watch cache sends it
+    assert event["type"] == "BOOKMARK" and event["object"]["metadata"]["resourceVersion"] == str(rv)
+    assert stream.ends_cleanly()
+
+
+def test_frozen_watches_send_nothing_and_end_with_their_client(
+    api: KubeApiServer, watch: Any
+) -> None:
+    api.add_node("n1")
+    api.bookmark_interval = 0.05
+    frozen = watch(
+        f"/api/v1/nodes?watch=1&resourceVersion={api.resource_version}"
+        "&allowWatchBookmarks=true&timeoutSeconds=1"
+    )
+    assert frozen.event()["type"] == "BOOKMARK"  # alive until frozen
+    assert api.freeze_watches() == 1
+    api.update_node("n1", labels={"x": "y"})
+    api.bookmark()
+    frozen.sock.settimeout(1.5)  # past its timeoutSeconds: no event, bookmark or end of stream
+    with pytest.raises(TimeoutError):
+        frozen.chunk()
+    assert api.frozen_watches == 1 and api.watch_count == 1  # the connection stays open
+    fresh = watch(f"/api/v1/nodes?watch=1&resourceVersion={api.resource_version - 1}")
+    assert fresh.events(1) == [("MODIFIED", "n1")]  # new watches are served as usual
+    frozen.close()  # the client gives up: the server's side of the watch goes too
+    wait_for(lambda: api.frozen_watches == 0, what="frozen watch released")
+    assert api.watch_count == 1 and api.errors == []
 
 
 def test_drop_watches_cuts_streams(api: KubeApiServer, watch: Any) -> None:
