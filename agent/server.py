@@ -1,24 +1,201 @@
 """The HTTP endpoint: /metrics, /healthz (the process serves) and /readyz (first full
-collection done). Threaded, so a slow scrape never blocks a liveness probe."""
+collection done), built to hold under abuse.
+
+One event-loop thread owns every connection: it reads requests, enforces the limits and
+answers the probes itself. Only a complete /metrics request goes to a small pool of render
+threads, because rendering blocks while the agent collects; so a slow scrape never delays a
+probe, and a thousand silent or slowloris connections cost a few kilobytes each instead of
+a thread each (the threaded server this replaced held 1,012 threads for 1,000 idle
+connections). Every wait has a deadline and every buffer a cap; the limits are constructor
+keywords, documented in docs/architecture.md ("The HTTP server").
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import enum
+import errno
 import gzip
+import ipaddress
 import logging
-import sys
+import queue
+import socket
 import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, choose_encoder
 from prometheus_client.registry import CollectorRegistry
 
+from gpuscope.agent.http_wire import (
+    Request,
+    RequestError,
+    accepts_gzip,
+    find_head_end,
+    parse_head,
+    response_head,
+)
+from gpuscope.agent.options import ConfigError
+
+__all__ = ["MetricsServer", "ServerStats", "parse_listen_address"]
+
 log = logging.getLogger("gpuscope.server")
 
+_HOSTNAME_LABEL = "abcdefghijklmnopqrstuvwxyz0123456789-"
+_TEXT = "text/plain; charset=utf-8"
+_INDEX = b"<html><body><h1>gpuscope</h1><a href='/metrics'>/metrics</a></body></html>\n"
 
-class MetricsServer(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
+
+def parse_listen_address(flag_name: str, text: str) -> tuple[str, int]:
+    """`[HOST]:PORT` -> (host, port), host "" meaning every address (dual-stack where the
+    host has IPv6). Accepts `:9400`, `0.0.0.0:9400`, `127.0.0.1:9400`, `[::1]:9400`,
+    `[::]:9400` and host names; an IPv6 address must be in brackets, because `::1:9400`
+    is itself a valid IPv6 address. Raises ConfigError with one line naming the flag."""
+    if text.startswith("["):
+        close = text.find("]")
+        if close < 0:
+            raise ConfigError(f"{flag_name}: unclosed '[' in {text!r} (expected [IPV6]:PORT)")
+        host, rest = text[1:close], text[close + 1 :]
+        if not rest.startswith(":"):
+            raise ConfigError(f"{flag_name}: expected [IPV6]:PORT, got {text!r}")
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ConfigError(f"{flag_name}: {host!r} is not an IPv6 address") from None
+        return host, _port(flag_name, rest[1:])
+    host, sep, port_text = text.rpartition(":")
+    if not sep:
+        raise ConfigError(f"{flag_name}: expected [HOST]:PORT, got {text!r}")
+    if ":" in host:
+        raise ConfigError(
+            f"{flag_name}: an IPv6 address needs brackets, e.g. [::1]:9400, got {text!r}"
+        )
+    if host and not _valid_host(host):
+        raise ConfigError(f"{flag_name}: {host!r} is not an IPv4 address or host name")
+    return host, _port(flag_name, port_text)
+
+
+def _port(flag_name: str, text: str) -> int:
+    if not text.isascii() or not text.isdigit():
+        raise ConfigError(f"{flag_name}: port must be a number, got {text!r}")
+    port = int(text)
+    if port > 65535:
+        raise ConfigError(f"{flag_name}: port must be 0-65535, got {port}")
+    return port
+
+
+def _valid_host(host: str) -> bool:
+    """An IPv4 literal or an RFC 1123 host name (resolved at bind time, not here)."""
+    try:
+        ipaddress.IPv4Address(host)
+        return True
+    except ValueError:
+        pass
+    labels = host.rstrip(".").lower().split(".")
+    if len(host) > 253 or all(label.isdigit() for label in labels):
+        return False  # 300.1.1.1 is a bad address, not a name
+    return all(
+        0 < len(label) <= 63
+        and all(c in _HOSTNAME_LABEL for c in label)
+        and not label.startswith("-")
+        and not label.endswith("-")
+        for label in labels
+    )
+
+
+def bind_listener(host: str, port: int, backlog: int) -> socket.socket:
+    """A listening, non-blocking TCP socket for `host`, as parse_listen_address returns it.
+
+    "" and "::" bind the IPv6 wildcard with IPV6_V6ONLY off, so IPv4 clients connect too;
+    on a host without IPv6, "" falls back to 0.0.0.0. A host name binds the first of its
+    addresses that binds. Raises OSError (EADDRINUSE, a name that does not resolve...)."""
+    if host in ("", "::"):
+        try:
+            return _listen(socket.AF_INET6, ("::", port), backlog, dual_stack=True)
+        except OSError as exc:
+            no_ipv6 = (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL, errno.EPROTONOSUPPORT)
+            if host or exc.errno not in no_ipv6:
+                raise
+            log.info("no IPv6 on this host (%s): listening on IPv4 only", exc.strerror)
+            return _listen(socket.AF_INET, ("0.0.0.0", port), backlog)
+    last: OSError | None = None
+    for family, _, _, _, sockaddr in socket.getaddrinfo(
+        host, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0, socket.AI_PASSIVE
+    ):
+        try:
+            return _listen(family, sockaddr, backlog)
+        except OSError as exc:
+            last = exc
+    raise last or OSError(errno.EADDRNOTAVAIL, f"no address for {host}")
+
+
+def _listen(
+    family: int, sockaddr: tuple[object, ...], backlog: int, *, dual_stack: bool = False
+) -> socket.socket:
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0 if dual_stack else 1)
+        sock.bind(sockaddr)
+        sock.listen(backlog)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+@dataclass(frozen=True, slots=True)
+class ServerStats:
+    """Counters since start, for self-metrics and tests: how the limits were used."""
+
+    open_connections: int
+    accepted: int
+    rejected: int  # closed at once: the cap was reached and every connection was answering
+    evicted: int  # idle or unfinished connections closed to make room under the cap
+    header_timeouts: int
+    idle_timeouts: int
+    write_timeouts: int
+    requests: int
+    errors: int  # requests answered 4xx/5xx by the server's own rules (not 404)
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    status: int
+    body: bytes
+    headers: list[tuple[str, str]]
+
+
+class _State(enum.Enum):
+    HEAD = "reading a request head"  # header deadline running
+    IDLE = "idle between requests"  # keep-alive deadline running
+    BUSY = "answering"  # rendering, or waiting for the client to take the answer
+    CLOSED = "closed"
+
+
+class MetricsServer:
+    """Serves /metrics, /healthz, /readyz and / on one event-loop thread (see the module
+    docstring). Binds in the constructor, so a port conflict raises OSError at once;
+    `start()` begins serving; `stop()` closes every socket.
+
+    Limits (keyword arguments, defaults in parentheses; docs/architecture.md says why):
+    `max_connections` (1024) open at once, beyond which the connection that has waited
+    longest without being answered is closed to make room, or the new one if all are
+    being answered; `header_timeout` (10 s) to send a complete request head, from the
+    connection's start or from a request's first byte; `idle_timeout` (90 s) between
+    requests on a kept-alive connection, above the longest usual scrape interval (60 s)
+    so a scraper keeps its connection; `write_timeout` (30 s) for a client to take an
+    answer; `max_request_bytes` (16 KiB) of request line and headers, else 431;
+    `max_body_bytes` (1 KiB) of request body, else 413; `workers` (4) render threads;
+    `backlog` (512) pending connections, a burst of scrapers at once.
+
+    `health`, when given, adds its text to the /healthz body; it is called on the event
+    loop and must not block.
+    """
 
     def __init__(
         self,
@@ -26,93 +203,490 @@ class MetricsServer(ThreadingHTTPServer):
         registry: CollectorRegistry,
         render_text: Callable[[], bytes],
         ready: Callable[[], bool],
+        *,
+        health: Callable[[], str] | None = None,
+        max_connections: int = 1024,
+        header_timeout: float = 10.0,
+        idle_timeout: float = 90.0,
+        write_timeout: float = 30.0,
+        max_request_bytes: int = 16 * 1024,
+        max_body_bytes: int = 1024,
+        workers: int = 4,
+        backlog: int = 512,
     ) -> None:
         self.registry = registry
         self.render_text = render_text
         self.is_ready = ready
-        super().__init__(address, _Handler)
+        self.health = health
+        self.max_connections = max_connections
+        self.header_timeout = header_timeout
+        self.idle_timeout = idle_timeout
+        self.write_timeout = write_timeout
+        self.max_request_bytes = max_request_bytes
+        self.max_body_bytes = max_body_bytes
+        self._backlog = backlog
+        self._sock = bind_listener(address[0], address[1], backlog)
+        bound = self._sock.getsockname()
+        self._address = (str(bound[0]), int(bound[1]))
+        self._workers = _Workers(workers)
+        self._connections: set[_Connection] = set()
+        self._counts = dict.fromkeys(ServerStats.__slots__, 0)
+        self._full = False
+        self._render_error: str | None = None
+        self._render_lock = threading.Lock()
+        self._loop_error: str | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Event | None = None
+        self._serving = threading.Event()
         self._thread: threading.Thread | None = None
 
     @property
     def port(self) -> int:
-        return int(self.server_address[1])
+        """The bound port (what `:0` picked)."""
+        return self._address[1]
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The bound (host, port): "::" for dual-stack, "0.0.0.0" for IPv4 only."""
+        return self._address
+
+    def stats(self) -> ServerStats:
+        counts = dict(self._counts, open_connections=len(self._connections))
+        return ServerStats(**counts)
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self.serve_forever, name="http", daemon=True)
+        self._workers.start()
+        self._thread = threading.Thread(target=self._run, name="http", daemon=True)
         self._thread.start()
+        if not self._serving.wait(10):
+            raise RuntimeError("the HTTP server's event loop did not start")
 
     def stop(self) -> None:
-        self.shutdown()
-        self.server_close()
+        """Close the listening socket and every connection, then end the threads. A render
+        still running (a hung collection) is abandoned; its thread is a daemon."""
+        loop, stopping = self._loop, self._stopping
+        if loop is not None and stopping is not None and self._thread is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has already ended
+                loop.call_soon_threadsafe(stopping.set)
+            self._thread.join(10)
+        self._sock.close()
+        self._workers.stop()
 
-    def handle_error(self, request: object, client_address: object) -> None:
-        """A scraper that hangs up mid-answer (a timeout, Ctrl-C on curl) is routine: one
-        debug line, not a traceback on stderr."""
-        exc = sys.exc_info()[1]
-        if isinstance(exc, (BrokenPipeError, ConnectionResetError)):
-            log.debug("client %s went away: %s", client_address, exc)
-            return
-        super().handle_error(request, client_address)  # type: ignore[arg-type]
+    # The event loop thread.
 
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        loop.set_exception_handler(self._on_loop_error)
+        self._loop = loop
+        try:
+            loop.run_until_complete(self._serve())
+        finally:
+            loop.close()
 
-class _Handler(BaseHTTPRequestHandler):
-    server: MetricsServer
-    protocol_version = "HTTP/1.1"
-    # Headers and body go out in two writes; with Nagle's algorithm the body waits for the
-    # peer's (delayed) ACK of the headers, adding milliseconds to every scrape.
-    disable_nagle_algorithm = True
+    async def _serve(self) -> None:
+        assert self._loop is not None
+        self._stopping = asyncio.Event()
+        server = await self._loop.create_server(
+            lambda: _Connection(self), sock=self._sock, backlog=self._backlog
+        )
+        self._serving.set()
+        await self._stopping.wait()
+        server.close()
+        for connection in list(self._connections):
+            connection.abort()
+        await server.wait_closed()
+        for _ in range(3):  # let the aborted transports run connection_lost: sockets close
+            await asyncio.sleep(0)
 
-    def do_GET(self) -> None:
-        path = self.path.split("?", 1)[0]
-        if path == "/metrics":
-            self._metrics()
-        elif path == "/healthz":
-            self._send(200, b"ok\n")
-        elif path == "/readyz":
-            ready = self.server.is_ready()
-            self._send(200 if ready else 503, b"ready\n" if ready else b"not ready\n")
-        elif path == "/":
-            self._send(
-                200,
-                b"<html><body><h1>gpuscope</h1><a href='/metrics'>/metrics</a></body></html>\n",
-                "text/html; charset=utf-8",
-            )
-        else:
-            self._send(404, b"not found\n")
+    def _on_loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        """asyncio reports here what it cannot hand to a caller: accept() out of file
+        descriptors, a bug in a protocol callback (which closes that one connection). One
+        line per change of message, with the traceback only at debug level."""
+        exc = context.get("exception")
+        message = f"{context.get('message', 'event loop error')}: {exc!r}"
+        level = logging.WARNING if message != self._loop_error else logging.DEBUG
+        self._loop_error = message
+        log.log(level, "http: %s", message)
+        if isinstance(exc, BaseException):
+            log.debug("http: traceback", exc_info=exc)
 
-    def _metrics(self) -> None:
-        accept = self.headers.get("Accept", "")
+    def count(self, name: str) -> None:
+        self._counts[name] += 1
+
+    def admit(self, connection: _Connection) -> bool:
+        """Register a new connection, making room under the cap if needed: the connection
+        that has waited longest without being answered (a silent or slowloris client, an
+        idle keep-alive) is closed; if every one is being answered, the new one is."""
+        if len(self._connections) >= self.max_connections:
+            if not self._full:
+                self._full = True
+                log.warning(
+                    "http: %d connections open (the limit): closing the longest-waiting ones",
+                    len(self._connections),
+                )
+            waiting = [c for c in self._connections if c.state in (_State.HEAD, _State.IDLE)]
+            if not waiting:
+                self.count("rejected")
+                return False
+            min(waiting, key=lambda c: c.since).abort()
+            self.count("evicted")
+        self._connections.add(connection)
+        self.count("accepted")
+        return True
+
+    def forget(self, connection: _Connection) -> None:
+        self._connections.discard(connection)
+        if self._full and len(self._connections) < self.max_connections * 0.9:
+            self._full = False
+            log.info("http: %d connections open, below the limit again", len(self._connections))
+
+    # Answers.
+
+    def route(self, request: Request) -> _Answer | None:
+        """The answer to a request, on the loop; None for /metrics, which renders in the
+        pool (see `render`)."""
+        if request.method not in ("GET", "HEAD"):
+            return _Answer(405, b"method not allowed\n", [("Allow", "GET, HEAD")])
+        if request.path == "/metrics":
+            return None
+        if request.path == "/healthz":
+            return _Answer(200, b"ok\n" + self._health_text(), [])
+        if request.path == "/readyz":
+            ready = self.is_ready()
+            return _Answer(200 if ready else 503, b"ready\n" if ready else b"not ready\n", [])
+        if request.path == "/":
+            return _Answer(200, _INDEX, [("Content-Type", "text/html; charset=utf-8")])
+        return _Answer(404, b"not found\n", [])
+
+    def _health_text(self) -> bytes:
+        if self.health is None:
+            return b""
+        try:
+            text = self.health()
+        except Exception as exc:  # noqa: BLE001 - /healthz answers while the loop runs
+            text = f"health details unavailable: {type(exc).__name__}: {exc}"
+        if text and not text.endswith("\n"):
+            text += "\n"
+        return text.encode("utf-8", "replace")
+
+    def render(self, request: Request) -> _Answer:
+        """/metrics, on a render thread: the text format, or OpenMetrics when `Accept`
+        asks for it, gzipped when `Accept-Encoding` allows. A failing render answers 500
+        and is logged once per change of error, not once per scrape."""
+        accept = request.headers.get("accept", "")
         try:
             if "application/openmetrics-text" in accept:
                 encoder, content_type = choose_encoder(accept)
-                body = encoder(self.server.registry)
+                body = encoder(self.registry)
             else:
                 content_type = CONTENT_TYPE_LATEST
-                body = self.server.render_text()
-        except Exception:
-            log.exception("rendering /metrics failed")
-            self._send(500, b"internal error rendering metrics\n")
-            return
-        headers = {}
-        if "gzip" in self.headers.get("Accept-Encoding", ""):
+                body = self.render_text()
+        except Exception as exc:  # noqa: BLE001 - any render failure: a 500, logged once
+            self._render_failed(exc)
+            return _Answer(500, b"internal error rendering metrics\n", [])
+        self._render_worked()
+        headers = [("Content-Type", content_type), ("Vary", "Accept-Encoding")]
+        if accepts_gzip(request.headers.get("accept-encoding", "")):
             body = gzip.compress(body, compresslevel=1)
-            headers["Content-Encoding"] = "gzip"
-        self._send(200, body, content_type, headers)
+            headers.append(("Content-Encoding", "gzip"))
+        return _Answer(200, body, headers)
+
+    def _render_failed(self, exc: Exception) -> None:
+        message = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+        with self._render_lock:
+            changed, self._render_error = message != self._render_error, message
+        if changed:
+            log.error("rendering /metrics failed, answering 500: %s", message)
+        else:
+            log.debug("rendering /metrics failed again: %s", message)
+
+    def _render_worked(self) -> None:
+        with self._render_lock:
+            failed, self._render_error = self._render_error, None
+        if failed is not None:
+            log.info("rendering /metrics works again")
+
+    def submit(self, job: Callable[[], None]) -> None:
+        self._workers.submit(job)
+
+    def call_soon(self, callback: Callable[[], None]) -> None:
+        """Run `callback` on the loop, from a render thread; dropped once the loop ended."""
+        loop = self._loop
+        if loop is None:
+            return
+        try:
+            loop.call_soon_threadsafe(callback)
+        except RuntimeError:
+            log.debug("http: an answer finished after the server stopped")
+
+
+class _Connection(asyncio.Protocol):
+    """One client connection, driven by the event loop's callbacks.
+
+    States: HEAD (bytes of a request arriving, under the header deadline), IDLE (kept alive
+    between requests, under the idle deadline), BUSY (rendering, or waiting for the client
+    to take the answer; reading is paused so a client cannot queue unbounded requests),
+    CLOSED. One request is answered at a time, in order, so pipelined requests work."""
+
+    def __init__(self, server: MetricsServer) -> None:
+        self.server = server
+        self.state = _State.HEAD
+        self.since = 0.0
+        self.transport: asyncio.Transport | None = None
+        self.peer = "?"
+        self._buffer = bytearray()
+        self._scanned = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._write_paused = False
+        self._close_after = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.peer = str(peer[0]) if isinstance(peer, tuple) else "?"
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            # Header and body go out in two writes; with Nagle's algorithm the body would
+            # wait for the peer's delayed ACK of the head, adding milliseconds to a scrape.
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if not self.server.admit(self):
+            self.state = _State.CLOSED
+            transport.abort()
+            return
+        self._enter(_State.HEAD, self.server.header_timeout, self._header_timeout)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.state is _State.BUSY and exc is not None:
+            log.debug("http: client %s went away mid-answer: %s", self.peer, exc)
+        self.state = _State.CLOSED
+        self._cancel_timer()
+        self.server.forget(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self.state is _State.CLOSED:
+            return
+        self._buffer += data
+        if self.state is _State.IDLE:
+            self._enter(_State.HEAD, self.server.header_timeout, self._header_timeout)
+        if self.state is _State.HEAD:
+            self._process()
+
+    def eof_received(self) -> bool:
+        """The client will send no more. Mid-answer, finish the answer and then close
+        (`printf 'GET ...' | nc -N` half-closes); otherwise close now."""
+        if self.state is _State.BUSY:
+            self._close_after = True
+            return True
+        return False
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        if self.state is _State.BUSY and self._timer is not None:
+            self._after_answer()
+            self._process()
+
+    def abort(self) -> None:
+        """Close now, discarding anything unsent. The connection leaves the server's set at
+        once, so a burst of new connections at the cap never picks the same one twice."""
+        self._close(graceful=False)
+
+    def _close(self, *, graceful: bool) -> None:
+        if self.state is _State.CLOSED or self.transport is None:
+            return
+        self.state = _State.CLOSED
+        self._cancel_timer()
+        self.server.forget(self)
+        if graceful:
+            self.transport.close()
+        else:
+            self.transport.abort()
+
+    # Reading requests.
+
+    def _process(self) -> None:
+        """Answer every complete request in the buffer, in order, while not busy."""
+        while self.state is _State.HEAD:
+            request = self._take_request()
+            if request is None:
+                return
+            self.server.count("requests")
+            answer = self.server.route(request)
+            if answer is not None:
+                self._answer(request, answer)
+            else:
+                self._render(request)
+
+    def _take_request(self) -> Request | None:
+        server = self.server
+        found = find_head_end(self._buffer, self._scanned)
+        if found is None:
+            if len(self._buffer) > server.max_request_bytes:
+                self._refuse(431, "request head too large")
+            else:
+                self._scanned = max(0, len(self._buffer) - 3)
+            return None
+        head_end, body_start = found
+        if head_end > server.max_request_bytes:
+            self._refuse(431, "request head too large")
+            return None
+        try:
+            request = parse_head(bytes(self._buffer[:head_end]), server.max_body_bytes)
+        except RequestError as exc:
+            self._refuse(exc.status, exc.reason)
+            return None
+        end = body_start + request.body_length
+        if len(self._buffer) < end:
+            return None  # a small body still arriving, under the same header deadline
+        del self._buffer[:end]
+        self._scanned = 0
+        return request
+
+    def _refuse(self, status: int, reason: str) -> None:
+        """A request the server will not read further: answer and close."""
+        log.debug("http: %s from %s: %s", status, self.peer, reason)
+        self.server.count("requests")
+        self.server.count("errors")
+        self._close_after = True
+        body = f"{reason}\n".encode()
+        self._send(status, body, [("Content-Type", _TEXT)], head_only=False, version=(1, 1))
+
+    def _render(self, request: Request) -> None:
+        self._enter(_State.BUSY, None, None)
+        assert self.transport is not None
+        self.transport.pause_reading()
+
+        def job() -> None:
+            answer = self.server.render(request)
+            self.server.call_soon(lambda: self._rendered(request, answer))
+
+        self.server.submit(job)
+
+    def _rendered(self, request: Request, answer: _Answer) -> None:
+        if self.state is _State.CLOSED:
+            log.debug("http: client %s left before its /metrics answer", self.peer)
+            return
+        self._answer(request, answer)
+        self._process()
+
+    # Writing answers.
+
+    def _answer(self, request: Request, answer: _Answer) -> None:
+        if answer.status >= 400 and answer.status != 404:
+            self.server.count("errors")
+        if not request.keep_alive:
+            self._close_after = True
+        headers = answer.headers
+        if not any(name == "Content-Type" for name, _ in headers):
+            headers = [("Content-Type", _TEXT), *headers]
+        self._send(
+            answer.status,
+            answer.body,
+            headers,
+            head_only=request.method == "HEAD",
+            version=request.version,
+        )
 
     def _send(
         self,
         status: int,
         body: bytes,
-        content_type: str = "text/plain; charset=utf-8",
-        headers: dict[str, str] | None = None,
+        headers: list[tuple[str, str]],
+        *,
+        head_only: bool,
+        version: tuple[int, int],
     ) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        for key, value in (headers or {}).items():
-            self.send_header(key, value)
-        self.end_headers()
-        self.wfile.write(body)
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        keep = not self._close_after
+        transport.write(response_head(status, len(body), headers, keep_alive=keep, version=version))
+        if not head_only and body:
+            transport.write(body)
+        self._enter(_State.BUSY, self.server.write_timeout, self._write_timeout)
+        transport.pause_reading()
+        if self._close_after:
+            transport.close()  # flushes the answer first; the write deadline still runs
+        elif not self._write_paused:
+            self._after_answer()
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
-        log.debug("%s " + format, self.client_address[0], *args)
+    def _after_answer(self) -> None:
+        """The answer has been handed to the kernel: wait for the next request."""
+        assert self.transport is not None
+        if self._close_after:
+            return
+        self._cancel_timer()
+        self.transport.resume_reading()
+        if self._buffer:
+            self._enter(_State.HEAD, self.server.header_timeout, self._header_timeout)
+        else:
+            self._enter(_State.IDLE, self.server.idle_timeout, self._idle_timeout)
+
+    # Deadlines.
+
+    def _enter(
+        self, state: _State, timeout: float | None, on_timeout: Callable[[], None] | None
+    ) -> None:
+        assert self.transport is not None
+        self._cancel_timer()
+        self.state = state
+        loop = asyncio.get_running_loop()
+        self.since = loop.time()
+        if timeout is not None and on_timeout is not None:
+            self._timer = loop.call_later(timeout, on_timeout)
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _header_timeout(self) -> None:
+        log.debug("http: %s sent no complete request in time, closing", self.peer)
+        self.server.count("header_timeouts")
+        self.abort()
+
+    def _idle_timeout(self) -> None:
+        self.server.count("idle_timeouts")
+        self._close(graceful=True)
+
+    def _write_timeout(self) -> None:
+        log.debug("http: %s did not take its answer in time, closing", self.peer)
+        self.server.count("write_timeouts")
+        self.abort()
+
+
+class _Workers:
+    """A fixed set of daemon render threads. Not concurrent.futures: its threads are
+    joined at interpreter exit, so one hung render would keep the process from exiting.
+    Pending jobs are bounded by the open connections (one request in flight each)."""
+
+    def __init__(self, count: int) -> None:
+        self._count = count
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        for i in range(self._count):
+            thread = threading.Thread(target=self._run, name=f"http-render-{i}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def submit(self, job: Callable[[], None]) -> None:
+        self._jobs.put(job)
+
+    def stop(self) -> None:
+        for _ in self._threads:
+            self._jobs.put(None)
+        for thread in self._threads:
+            thread.join(1)
+        self._threads.clear()
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            try:
+                job()
+            except Exception:  # a bug here must not end the thread: the pool would shrink
+                log.exception("http: render job failed")
