@@ -1,0 +1,24 @@
+"""Metrics of inputs a stage could not use: what was dropped, rather than failing a scrape."""
+
+from __future__ import annotations
+
+from gpuscope.agent.hostfs import REASONS
+from gpuscope.exporters.prometheus.spec import MetricSpec
+
+INPUT_METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec(
+        "gpuscope_inputs_dropped_total",
+        "counter",
+        "Inputs a stage left out because they could not be read or used, by reason: "
+        + ", ".join(REASONS)
+        + " (unreadable: permission or I/O error; loop: a symbolic link loop; too_large: a "
+        "file over the read cap; invalid: content that could not be parsed). For "
+        'stage="attribution", GPU processes whose /proc/<pid>/cgroup failed: their memory '
+        "and utilization are on no pod series. Bytes that are not UTF-8 drop nothing: they "
+        "are kept, written \\xNN.",
+        ("stage", "reason"),
+        "attribution",
+        "Every reason, from the first scrape (0 until a drop). One log line per failing "
+        "file and change of state, never one per scrape.",
+    ),
+)
