@@ -8,19 +8,25 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 from prometheus_client.registry import CollectorRegistry
 
-from gpuscope.agent.attribution.records import Attributed, Attribution
 from gpuscope.agent.attribution.stage import Attributor
 from gpuscope.agent.clock import Clock, SystemClock
 from gpuscope.agent.collector import BuildContext
 from gpuscope.agent.config import Config
 from gpuscope.agent.registry import BY_NAME
+from gpuscope.agent.scrape import ATTRIBUTION_STAGE, Scrape
+from gpuscope.agent.self_stats import read_process_stats
 from gpuscope.agent.sources import (
+    STALE_MAX,
     Collection,
     Source,
+    SourceResult,
     SourceRunner,
     SourceUnavailable,
     StatelessSource,
@@ -61,6 +67,90 @@ def build_sources(config: Config, clock: Clock, *, background: bool = True) -> l
     return sources
 
 
+class _Stage:
+    """A stage after the sources (attribution) on a thread of its own, against a deadline.
+
+    Like a source's worker (agent/sources.py): at most one run in flight; a run still going
+    when the deadline passes leaves the stage *stuck*, and the scrape is answered with the
+    stage's last good result (up to `STALE_MAX` old) instead of waiting for it.
+    """
+
+    def __init__(self, name: str, run: Callable[[Collection], Any], clock: Clock) -> None:
+        self._clock = clock
+        self.name = name
+        self._run = run
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"stage-{name}")
+        self._pending: Future[Any] | None = None
+        self._began = 0.0
+        self._last_good: tuple[Any, float, float] | None = None  # result, wall, monotonic
+        self._error: str | None = None
+        self._lock = threading.Lock()
+
+    def busy_for(self) -> float | None:
+        """Seconds the run in flight has taken so far, or None when idle."""
+        with self._lock:
+            if self._pending is None or self._pending.done():
+                return None
+            return time.monotonic() - self._began
+
+    def run(self, collection: Collection, deadline: float) -> tuple[Any, SourceResult[Any]]:
+        """The stage's result for `collection`, or its last good one if it is late. A caller
+        that finds a run in flight joins it (concurrent scrapes share one)."""
+        with self._lock:
+            if self._pending is None or self._pending.done():
+                self._began = time.monotonic()
+                self._pending = self._executor.submit(self._run, collection)
+            future: Future[Any] = self._pending
+            began = self._began
+        wait([future], timeout=max(0.0, began + deadline - time.monotonic()))
+        duration = time.monotonic() - began
+        if future.done():
+            error = self._outcome(future)
+            if error is None:
+                result = future.result()
+                self._last_good = (result, self._clock.time(), time.monotonic())
+                return result, self._status(True, duration, None)
+            return None, self._status(False, duration, error)
+        error = f"stuck: running for {duration:.1f} s"
+        self._log(error)
+        last = self._last_good
+        fresh = last is not None and time.monotonic() - last[2] <= STALE_MAX
+        kept = last[0] if fresh and last is not None else None
+        return kept, self._status(False, duration, error, stuck=True)
+
+    def _outcome(self, future: Future[Any]) -> str | None:
+        exc = future.exception()
+        if exc is None:
+            if self._error is not None:
+                log.info("%s recovered", self.name)
+            self._error = None
+            return None
+        error = describe(exc)
+        if error != self._error:
+            log.error("%s failed: %s", self.name, error, exc_info=exc)
+        self._error = error
+        return error
+
+    def _log(self, error: str) -> None:
+        if not (self._error or "").startswith("stuck"):
+            log.error("%s is stuck: serving its last good result", self.name)
+        self._error = error
+
+    def _status(
+        self, ok: bool, duration: float, error: str | None, *, stuck: bool = False
+    ) -> SourceResult[Any]:
+        last = self._last_good
+        return SourceResult(
+            name=self.name,
+            records=None,
+            success=ok,
+            duration_seconds=duration,
+            error=error,
+            stuck=stuck,
+            last_success=last[1] if last is not None else None,
+        )
+
+
 class Agent:
     def __init__(
         self,
@@ -77,7 +167,9 @@ class Agent:
             if sources is not None
             else build_sources(config, self.clock, background=background)
         )
-        self.runner = SourceRunner(self.sources, clock=self.clock)
+        self.runner = SourceRunner(
+            self.sources, clock=self.clock, deadline=config.agent.collect_deadline
+        )
         self.attributor = Attributor(
             config.agent.procfs,
             gpu_resource_names=config.attribution.gpu_resource_names,
@@ -89,52 +181,73 @@ class Agent:
         self._start_lock = threading.Lock()
         self._started = threading.Event()
         self._ready = threading.Event()
-        self._attribution_error: str | None = None
+        self._attribution = _Stage(ATTRIBUTION_STAGE, self.attributor.attribute, self.clock)
+        self._collect_lock = threading.Lock()
+        self._last: tuple[Scrape, float] | None = None  # the newest scrape, clock when done
+        self._generation = 0  # collections done; a scrape that saw it change shares the last
 
-    def collect(self, *, start_wait: float = START_WAIT) -> Attributed:
+    def collect(self, *, start_wait: float = START_WAIT) -> Scrape:
         """Every source, then attribution: what one scrape renders.
 
-        A scrape that comes while the sources are still starting (Prometheus scrapes a new
-        pod as soon as it listens) waits up to `start_wait` seconds and then answers with no
-        collector at all, rather than starting or collecting a source a second time.
+        Concurrent scrapes share one collection: a scrape that arrives while one is in flight
+        gets its result, and so does one that arrives within `--collection-max-age` after it
+        finished. A scrape that comes while the sources are still starting (Prometheus
+        scrapes a new pod as soon as it listens) waits up to `start_wait` seconds and then
+        answers with no collector at all, rather than starting a source a second time.
         """
         if not self._started.wait(start_wait):
-            return Attributed(Collection(results={}, collected_at=self.clock.time()), None)
-        return self._collect()
+            return Scrape(Collection(results={}, collected_at=self.clock.time()), None)
+        generation = self._generation
+        with self._collect_lock:
+            last = self._last
+            if last is not None and (
+                self._generation != generation  # one finished while this scrape waited
+                or self.clock.monotonic() - last[1] <= self.config.agent.collection_max_age
+            ):
+                return last[0]
+            return self._collect_shared()
 
-    def _collect(self) -> Attributed:
+    def _collect_shared(self) -> Scrape:
+        """Collect and keep the result for the scrapes that share it (collect lock held)."""
+        scrape = self._collect()
+        self._last = (scrape, self.clock.monotonic())
+        self._generation += 1
+        return scrape
+
+    def _collect(self) -> Scrape:
         collection = self.runner.collect()
-        return Attributed(collection, self._attribute(collection))
+        attribution, status = self._attribution.run(collection, self.config.agent.collect_deadline)
+        return Scrape(collection, attribution, status, read_process_stats())
 
-    def _attribute(self, collection: Collection) -> Attribution | None:
-        """The attribution stage, isolated like a source: its failure costs the names and
-        the idle figures of this scrape, never the scrape."""
-        try:
-            attribution = self.attributor.attribute(collection)
-        except Exception as exc:
-            error = describe(exc)
-            if error != self._attribution_error:
-                log.exception("attribution failed: %s", error)
-            self._attribution_error = error
-            return None
-        if self._attribution_error is not None:
-            log.info("attribution recovered")
-        self._attribution_error = None
-        return attribution
+    def stuck(self) -> dict[str, float]:
+        """Collectors and stages stuck past their deadline: name -> seconds running."""
+        found = self.runner.stuck()
+        busy = self._attribution.busy_for()
+        if busy is not None and busy > self.config.agent.collect_deadline:
+            found[ATTRIBUTION_STAGE] = busy
+        return found
+
+    def health_detail(self) -> str:
+        """For /healthz: what is stuck (the agent stays live: see docs/architecture.md)."""
+        stuck = self.stuck()
+        if not stuck:
+            return ""
+        return "".join(f"stuck: {name} for {seconds:.0f} s\n" for name, seconds in stuck.items())
 
     @property
     def ready(self) -> bool:
         return self._ready.is_set()
 
-    def start(self) -> Attributed:
+    def start(self) -> Scrape:
         """Start every source once and run the first full collection (then /readyz says
         ready). Safe to call again, and from several threads: later calls collect."""
         with self._start_lock:
             if self._ready.is_set():
-                return self._collect()
+                return self.collect()
             self.runner.start()
             self._started.set()
-            first = self._collect()
+            with self._collect_lock:  # scrapes that come meanwhile get this one
+                first = self._collect_shared()
             self._ready.set()
         failed = [r.name for r in first.collection.results.values() if not r.success]
         log.info(

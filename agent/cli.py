@@ -59,8 +59,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.info("received %s, shutting down", signal.Signals(signum).name)
         stop.set()
 
+    def on_hangup(_signum: int, _frame: object) -> None:
+        # The default action of SIGHUP is to die silently (a terminal closing, a careless
+        # `kill -HUP` taken from another daemon's habits). There is nothing to reload: the
+        # configuration is flags and environment, read once; a restart applies new ones.
+        log.warning("received SIGHUP: ignored (gpuscope reads its flags only at start)")
+
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGHUP, on_hangup)
 
     server.start()
     log.info(

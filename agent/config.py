@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from gpuscope.agent.attribution.options import AttributionOptions
 from gpuscope.agent.collector import Collector
 from gpuscope.agent.labels_options import LabelsOptions
-from gpuscope.agent.options import ConfigError, Flag, flag, flags_of, names, one_of
+from gpuscope.agent.options import ConfigError, Flag, flag, flags_of, names, number, one_of
 from gpuscope.agent.registry import BY_NAME, COLLECTORS, DEFAULT_COLLECTORS
 
 __all__ = ["AgentOptions", "Config", "ConfigError", "all_flags", "build_parser", "parse"]
@@ -53,8 +53,16 @@ def _collectors(flag_name: str, text: str) -> tuple[str, ...]:
     return chosen
 
 
-def _node_name(_flag: str, text: str) -> str:
-    return text or socket.gethostname()
+def _node_name(flag_name: str, text: str) -> str:
+    """Arguments and environment that are not valid UTF-8 reach Python as surrogate escapes;
+    a node name with them would fail every Kubernetes API call and every label, later."""
+    name = text or socket.gethostname()
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fsencode(name).decode("utf-8", "backslashreplace")
+        raise ConfigError(f"{flag_name}: not valid UTF-8: '{shown}'") from None
+    return name
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +86,20 @@ class AgentOptions:
         parse=_node_name,
         fallback=lambda env: env.get("NODE_NAME", ""),
         shown="$NODE_NAME, else the host name",
+    )
+    collect_deadline: float = flag(
+        5.0,
+        "seconds a scrape waits for each collector and stage; a late one is reported stuck "
+        "and its last good data served",
+        parse=number,
+        check=lambda v: None if 0.1 <= v <= 120 else f"expected 0.1 to 120 seconds, got {v:g}",
+    )
+    collection_max_age: float = flag(
+        1.0,
+        "seconds a finished collection is reused by later scrapes (concurrent scrapes always "
+        "share the collection in flight); 0 collects anew for every scrape",
+        parse=number,
+        check=lambda v: None if 0 <= v <= 60 else f"expected 0 to 60 seconds, got {v:g}",
     )
     log_format: str = flag("text", "json or text", parse=one_of("json", "text"))
     log_level: str = flag(

@@ -12,8 +12,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Generic, Protocol, TypeVar
 
 from gpuscope.agent.clock import Clock, SystemClock
@@ -53,7 +55,8 @@ class Source(Protocol[R_co]):
         ...
 
     def collect(self) -> R_co:
-        """Read the current state. Called from scrape threads, serialized by the runner."""
+        """Read the current state. Called on the source's own worker thread, one call at a
+        time; a call that blocks delays only this source (the runner's deadline)."""
         ...
 
     def stop(self) -> None:
@@ -75,11 +78,21 @@ class StatelessSource:
 
 @dataclass(frozen=True, slots=True)
 class SourceResult(Generic[R]):
+    """One source's part of a collection.
+
+    `stuck` means the source's collection did not finish within the deadline and is still
+    running: `records` are then the last good ones (or None), `success` is False, and
+    `duration_seconds` is how long the collection in flight has run so far.
+    `last_success` is the wall-clock time the source last collected successfully.
+    """
+
     name: str
     records: R | None
     success: bool
     duration_seconds: float
     error: str | None = None
+    stuck: bool = False
+    last_success: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,65 +132,141 @@ class Keyed(Protocol[R_co]):
 
 RETRY_FIRST = 10.0  # seconds before retrying a source that failed to start
 RETRY_MAX = 300.0  # ... doubling up to this
+DEADLINE = 5.0  # seconds a collection waits for its sources (--collect-deadline)
+STALE_MAX = 300.0  # seconds a stuck source's last good records are still served
+STOP_WAIT = 5.0  # seconds `stop` waits for a source to stop before giving up on it
+
+
+class _Worker:
+    """One source's own thread: every start and collection of that source runs here.
+
+    A source that hangs (an NVML call blocked in the kernel, a frozen socket) holds only its
+    own thread. While one collection is in flight no other is queued: later requests join
+    it, so a stuck source costs one thread, however many scrapes come.
+    """
+
+    def __init__(self, source: Source[Any]) -> None:
+        self.source = source
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"src-{source.name}")
+        self._lock = threading.Lock()
+        self._pending: Future[Any] | None = None
+        self._began = 0.0  # time.monotonic() the pending work started
+
+    def request(self, work: Callable[[], Any]) -> tuple[Future[Any], float]:
+        """The work in flight, or `work` submitted now; and when it began (monotonic)."""
+        with self._lock:
+            if self._pending is None or self._pending.done():
+                self._began = time.monotonic()
+                self._pending = self._executor.submit(work)
+            return self._pending, self._began
+
+    def busy_since(self) -> float | None:
+        with self._lock:
+            if self._pending is None or self._pending.done():
+                return None
+            return self._began
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
 
 
 class SourceRunner:
     """Starts, collects from and stops a fixed set of sources, isolating their failures.
+
+    Each source runs on its own worker thread (`_Worker`), all of them at once, and a
+    collection waits for them up to a deadline. A source that raises is reported failed; one
+    that is late is reported *stuck*: failed, with the last good records it returned (up to
+    `STALE_MAX` old) so its series do not vanish while the cause is looked at, and with no
+    second collection queued behind the one in flight.
 
     A source that failed to start is retried with a backoff (10 s, doubling to 5 min), not on
     every scrape: starting can be expensive (compiling eBPF programs takes half a second of
     CPU) and the thing it lacks rarely appears within seconds.
     """
 
-    def __init__(self, sources: Iterable[Source[Any]], clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        sources: Iterable[Source[Any]],
+        clock: Clock | None = None,
+        *,
+        deadline: float = DEADLINE,
+        stale_max: float = STALE_MAX,
+    ) -> None:
         self._sources = list(sources)
         self._clock = clock or SystemClock()
-        self._lock = threading.Lock()
+        self.deadline = deadline
+        self._stale_max = stale_max
+        self._workers = {s.name: _Worker(s) for s in self._sources}
+        self._state_lock = threading.Lock()  # guards the bookkeeping below
         self._started: set[str] = set()
         self._last_error: dict[str, str | None] = {}
         self._start_failure: dict[str, tuple[str, float, float]] = {}  # error, retry at, delay
+        self._last_good: dict[str, tuple[Any, float, float]] = {}  # records, wall, monotonic
+        self._stuck_logged: set[str] = set()
 
     @property
     def names(self) -> list[str]:
         return [s.name for s in self._sources]
 
-    def start(self) -> None:
-        """Start every source; one that fails is retried by later collections, with backoff.
-        Holds the collection lock: no collection can start a source at the same time."""
-        with self._lock:
-            for source in self._sources:
-                self._try_start(source)
+    def start(self, deadline: float | None = None) -> None:
+        """Start every source, each on its worker, all at once, waiting up to `deadline`.
+        One that fails is retried by later collections, with backoff; one still starting
+        when the deadline passes is reported stuck by the collections that follow."""
+        futures = [w.request(partial(self._try_start, w.source))[0] for w in self._workers.values()]
+        wait(futures, timeout=self.deadline if deadline is None else deadline)
 
     def _try_start(self, source: Source[Any]) -> str | None:
-        if source.name in self._started:
-            return None
-        now = self._clock.monotonic()
-        failed = self._start_failure.get(source.name)
-        if failed is not None and now < failed[1]:
-            return failed[0]  # not yet time to retry
+        with self._state_lock:
+            if source.name in self._started:
+                return None
+            now = self._clock.monotonic()
+            failed = self._start_failure.get(source.name)
+            if failed is not None and now < failed[1]:
+                return failed[0]  # not yet time to retry
         try:
             source.start()
         except Exception as exc:  # noqa: BLE001 - any failure must stay inside the source
             error = describe(exc)
             delay = min(RETRY_MAX, failed[2] * 2) if failed else RETRY_FIRST
-            self._start_failure[source.name] = (error, now + delay, delay)
+            with self._state_lock:
+                self._start_failure[source.name] = (error, now + delay, delay)
             return error
-        self._start_failure.pop(source.name, None)
-        self._started.add(source.name)
+        with self._state_lock:
+            self._start_failure.pop(source.name, None)
+            self._started.add(source.name)
         return None
 
     def collect(self, only: Iterable[str] | None = None) -> Collection:
-        """Collect from every source (or the named ones). Concurrent callers are serialized
-        (NVML is not free)."""
+        """Collect from every source (or the named ones), in parallel, within the deadline.
+
+        Safe from several threads at once: a source's collection in flight is shared by
+        everyone who asks while it runs."""
         wanted = None if only is None else set(only)
-        with self._lock:
-            results: dict[str, SourceResult[Any]] = {}
-            for source in self._sources:
-                if wanted is None or source.name in wanted:
-                    results[source.name] = self._collect_one(source)
-            return Collection(results=results, collected_at=time.time())
+        workers = [w for w in self._workers.values() if wanted is None or w.source.name in wanted]
+        collect = {w.source.name: partial(self._collect_one, w.source) for w in workers}
+        requests = {w.source.name: w.request(collect[w.source.name]) for w in workers}
+        results: dict[str, SourceResult[Any]] = {}
+        until = time.monotonic() + self.deadline
+        while requests:
+            wait([future for future, _ in requests.values()], timeout=until - time.monotonic())
+            for name, (future, _began) in list(requests.items()):
+                if not future.done():
+                    continue
+                result = future.result()
+                if isinstance(result, SourceResult):
+                    results[name] = result
+                    del requests[name]
+                else:  # the work in flight was the source's start: now collect
+                    requests[name] = self._workers[name].request(collect[name])
+            if time.monotonic() >= until:
+                break
+        for name, (_future, began) in requests.items():
+            results[name] = self._stuck(name, time.monotonic() - began)
+        results = {w.source.name: results[w.source.name] for w in workers}  # stable order
+        return Collection(results=results, collected_at=time.time())
 
     def _collect_one(self, source: Source[Any]) -> SourceResult[Any]:
+        """Runs on the source's worker; never raises."""
         began = time.perf_counter()
         error = self._try_start(source)
         records: Any = None
@@ -189,19 +278,70 @@ class SourceRunner:
             except Exception as exc:  # noqa: BLE001
                 error = describe(exc)
         duration = time.perf_counter() - began
-        self._log_transition(source.name, error)
+        with self._state_lock:
+            if error is None:
+                self._last_good[source.name] = (records, self._clock.time(), time.monotonic())
+            last = self._last_good.get(source.name)
+            self._log_transition(source.name, error)
         return SourceResult(
             name=source.name,
             records=records,
             success=error is None,
             duration_seconds=duration,
             error=error,
+            last_success=last[1] if last is not None else None,
         )
 
+    def _stuck(self, name: str, running: float) -> SourceResult[Any]:
+        """A source still collecting past the deadline: failed, stuck, with its last good
+        records while they are younger than `stale_max`."""
+        error = f"stuck: its collection has been running for {running:.1f} s"
+        with self._state_lock:
+            last = self._last_good.get(name)
+            if name not in self._stuck_logged:
+                self._stuck_logged.add(name)
+                self._last_error[name] = "stuck"
+                log.error(
+                    "collector %s is stuck: no answer within the %.1f s deadline; serving its "
+                    "last good data (up to %.0f s old)",
+                    name,
+                    self.deadline,
+                    self._stale_max,
+                    extra={"collector": name},
+                )
+        records = None
+        if last is not None and time.monotonic() - last[2] <= self._stale_max:
+            records = last[0]
+        return SourceResult(
+            name=name,
+            records=records,
+            success=False,
+            duration_seconds=running,
+            error=error,
+            stuck=True,
+            last_success=last[1] if last is not None else None,
+        )
+
+    def stuck(self) -> dict[str, float]:
+        """Sources whose collection in flight is past the deadline: name -> seconds running."""
+        now = time.monotonic()
+        found = {}
+        for name, worker in self._workers.items():
+            began = worker.busy_since()
+            if began is not None and now - began > self.deadline:
+                found[name] = now - began
+        return found
+
     def _log_transition(self, name: str, error: str | None) -> None:
+        """Called with the state lock held."""
         previous = self._last_error.get(name, None)
         first = name not in self._last_error
         self._last_error[name] = error
+        if name in self._stuck_logged and error is None:
+            self._stuck_logged.discard(name)
+            log.info("collector %s answers again", name, extra={"collector": name})
+            return
+        self._stuck_logged.discard(name)
         if error is not None and error != previous:
             log.error("collector %s failed: %s", name, error, extra={"collector": name})
         elif error is None and previous is not None:
@@ -210,12 +350,26 @@ class SourceRunner:
             log.debug("collector %s ok", name, extra={"collector": name})
 
     def stop(self) -> None:
+        """Stop every source, each given `STOP_WAIT` seconds: a source stuck in a call may
+        never stop, and must not keep the agent from exiting."""
         for source in reversed(self._sources):
-            try:
-                source.stop()
-            except Exception as exc:  # noqa: BLE001
-                log.warning("collector %s did not stop cleanly: %s", source.name, describe(exc))
-        self._started.clear()
+            done = threading.Event()
+
+            def stop_one(s: Source[Any] = source, done: threading.Event = done) -> None:
+                try:
+                    s.stop()
+                except Exception as exc:  # noqa: BLE001
+                    log.warning("collector %s did not stop cleanly: %s", s.name, describe(exc))
+                finally:
+                    done.set()
+
+            threading.Thread(target=stop_one, name=f"stop-{source.name}", daemon=True).start()
+            if not done.wait(STOP_WAIT):
+                log.warning("collector %s did not stop within %.0f s", source.name, STOP_WAIT)
+        for worker in self._workers.values():
+            worker.shutdown()
+        with self._state_lock:
+            self._started.clear()
 
 
 def describe(exc: BaseException) -> str:

@@ -11,6 +11,7 @@ attribution stage's.
 from __future__ import annotations
 
 from gpuscope.agent.registry import COLLECTORS
+from gpuscope.exporters.prometheus.catalog_inputs import INPUT_METRICS
 from gpuscope.exporters.prometheus.catalog_pods import ATTRIBUTION_METRICS
 from gpuscope.exporters.prometheus.render import renderer_of
 from gpuscope.exporters.prometheus.spec import MetricSpec
@@ -38,17 +39,90 @@ AGENT_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "gpuscope_collector_duration_seconds",
         "gauge",
-        "Time the collector's last collection took.",
+        "Time the collector's last collection took; for a stuck one, how long its collection "
+        "in flight has run.",
         ("collector",),
         "agent",
         "Every enabled collector, on every scrape.",
+    ),
+    MetricSpec(
+        "gpuscope_collector_stuck",
+        "gauge",
+        "1 while the collector's collection has run past the deadline (--collect-deadline) "
+        "and not returned: it is hung, not failing. Its last good series are served meanwhile "
+        '(up to 5 minutes old). collector="attribution" is the attribution stage.',
+        ("collector",),
+        "agent",
+        "Every enabled collector and the attribution stage, on every scrape.",
+    ),
+    MetricSpec(
+        "gpuscope_collector_last_success_timestamp_seconds",
+        "gauge",
+        "When the collector last collected successfully (Unix time); "
+        "`time() - this` is how stale its data is.",
+        ("collector",),
+        "agent",
+        "Once the collector (or the attribution stage) has succeeded at least once.",
+    ),
+    MetricSpec(
+        "gpuscope_agent_threads",
+        "gauge",
+        "Threads of the agent process, native ones (NVML, bcc, gRPC) included. Grows by one "
+        "per stuck collector or GPU at most.",
+        (),
+        "agent",
+    ),
+)
+
+# The agent's own process, under the names every Prometheus client library gives them (so
+# the usual exporter dashboards and alerts work): the one exception to the gpuscope_ prefix.
+PROCESS_METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec(
+        "process_cpu_seconds_total",
+        "counter",
+        "User and system CPU time the agent process has used.",
+        (),
+        "process",
+    ),
+    MetricSpec(
+        "process_resident_memory_bytes",
+        "gauge",
+        "Resident memory of the agent process (what a container memory limit counts).",
+        (),
+        "process",
+    ),
+    MetricSpec(
+        "process_virtual_memory_bytes",
+        "gauge",
+        "Virtual memory of the agent process.",
+        (),
+        "process",
+    ),
+    MetricSpec(
+        "process_start_time_seconds",
+        "gauge",
+        "When the agent process started (Unix time).",
+        (),
+        "process",
+    ),
+    MetricSpec(
+        "process_open_fds", "gauge", "Open file descriptors of the agent process.", (), "process"
+    ),
+    MetricSpec(
+        "process_max_fds",
+        "gauge",
+        "The agent process's limit on open file descriptors (soft RLIMIT_NOFILE).",
+        (),
+        "process",
     ),
 )
 
 METRICS: tuple[MetricSpec, ...] = (
     *AGENT_METRICS,
+    *PROCESS_METRICS,
     *(m for c in COLLECTORS if (r := renderer_of(c)) is not None for m in r.metrics),
     *ATTRIBUTION_METRICS,
+    *INPUT_METRICS,
 )
 
 BY_NAME: dict[str, MetricSpec] = {m.name: m for m in METRICS}

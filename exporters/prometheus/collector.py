@@ -17,10 +17,12 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 import gpuscope
-from gpuscope.agent.attribution.records import Attributed
 from gpuscope.agent.config import Config
 from gpuscope.agent.gpu.collector import GPU
 from gpuscope.agent.registry import BY_NAME
+from gpuscope.agent.scrape import Scrape
+from gpuscope.agent.self_stats import ProcessStats
+from gpuscope.agent.sources import SourceResult
 from gpuscope.exporters.prometheus.attribution import render_attribution
 from gpuscope.exporters.prometheus.families import Families
 from gpuscope.exporters.prometheus.render import RenderContext, Renderer, renderer_of
@@ -31,7 +33,7 @@ log = logging.getLogger("gpuscope.exporter")
 class GpuscopeCollector(Collector):
     def __init__(
         self,
-        collect: Callable[[], Attributed],
+        collect: Callable[[], Scrape],
         config: Config,
         renderers: Mapping[str, Renderer[Any, Any]] | None = None,
     ) -> None:
@@ -59,13 +61,19 @@ class GpuscopeCollector(Collector):
         for name, result in collection.results.items():
             ok = result.success
             renderer = self._renderers.get(name)
-            if ok and result.records is not None and renderer is not None:
+            # A stuck collector's last good records are served (flagged by
+            # gpuscope_collector_stuck), so its series do not vanish while it hangs.
+            if (ok or result.stuck) and result.records is not None and renderer is not None:
                 ctx = RenderContext(self._config.collector_options.get(name), attribution)
-                ok = self._render_collector(name, renderer, result.records, ctx, out)
-            out.add("gpuscope_collector_success", (name,), 1 if ok else 0)
-            out.add("gpuscope_collector_duration_seconds", (name,), result.duration_seconds)
+                rendered = self._render_collector(name, renderer, result.records, ctx, out)
+                ok = ok and rendered
+            _status(out, result, ok)
+        if scraped.attribution_status is not None:
+            _status(out, scraped.attribution_status, scraped.attribution_status.success)
         if attribution is not None:
             self._render("attribution", out, lambda batch: render_attribution(attribution, batch))
+        if scraped.process is not None:
+            _process(out, scraped.process)
         return out
 
     def _render_collector(
@@ -104,7 +112,28 @@ def _registered(config: Config) -> dict[str, Renderer[Any, Any]]:
     return found
 
 
-def _build_labels(scraped: Attributed) -> tuple[str, str, str, str]:
+def _status(out: Families, result: SourceResult[Any], ok: bool) -> None:
+    """The health series of one collector (or the attribution stage)."""
+    out.add("gpuscope_collector_success", (result.name,), 1 if ok else 0)
+    out.add("gpuscope_collector_duration_seconds", (result.name,), result.duration_seconds)
+    out.add("gpuscope_collector_stuck", (result.name,), 1 if result.stuck else 0)
+    if result.last_success is not None:
+        out.add(
+            "gpuscope_collector_last_success_timestamp_seconds", (result.name,), result.last_success
+        )
+
+
+def _process(out: Families, stats: ProcessStats) -> None:
+    out.add("gpuscope_agent_threads", (), stats.threads)
+    out.add("process_cpu_seconds_total", (), stats.cpu_seconds)
+    out.add("process_resident_memory_bytes", (), stats.resident_memory_bytes)
+    out.add("process_virtual_memory_bytes", (), stats.virtual_memory_bytes)
+    out.add("process_start_time_seconds", (), stats.start_time_seconds)
+    out.add("process_open_fds", (), stats.open_fds)
+    out.add("process_max_fds", (), stats.max_fds)
+
+
+def _build_labels(scraped: Scrape) -> tuple[str, str, str, str]:
     gpu = scraped.collection.records(GPU)
     nvml_version = gpu.nvml_version if gpu is not None else ""
     driver_version = gpu.driver_version if gpu is not None else ""

@@ -44,6 +44,13 @@ def render_markdown() -> str:
     from its declaration), one for the attribution stage."""
     lines = [_HEADER]
     _section(lines, "## The agent itself\n", _of("agent"))
+    _section(
+        lines,
+        "## The agent's process\n\nUnder the standard names of the Prometheus client "
+        "libraries (the only series without the `gpuscope_` prefix), so the usual exporter "
+        "dashboards and alerts apply. Read from the agent's own `/proc/self`.\n",
+        _of("process"),
+    )
     for c in COLLECTORS:
         renderer = renderer_of(c)
         intro = f"## Collector `{c.name}`\n\n{c.summary}\n"

@@ -23,6 +23,14 @@ UPDATE = os.environ.get("GPUSCOPE_UPDATE_GOLDEN") == "1"
 
 def normalize(text: str) -> str:
     text = re.sub(r"^(gpuscope_collector_duration_seconds\{[^}]*\}) .*$", r"\1 0", text, flags=re.M)
+    # The agent's own process figures (tests/unit/agent/test_self_stats.py checks them).
+    text = re.sub(r"^((?:process_\w+|gpuscope_agent_threads)) .*$", r"\1 0", text, flags=re.M)
+    text = re.sub(
+        r"^(gpuscope_collector_last_success_timestamp_seconds\{[^}]*\}) .*$",
+        r"\1 0",
+        text,
+        flags=re.M,
+    )
     return re.sub(r'python_version="[^"]*"', 'python_version="X"', text)
 
 

@@ -65,6 +65,14 @@ def test_environment_variables_and_flags_override_them() -> None:
         ),
         (["--log-format", "xml"], "--log-format: expected json or text, got 'xml'"),
         (["--nvlink-per-link", "maybe"], "--nvlink-per-link: expected true or false, got 'maybe'"),
+        (["--collect-deadline", "nan"], "--collect-deadline: expected a finite number, got 'nan'"),
+        (["--collect-deadline", "0"], "--collect-deadline: expected 0.1 to 120 seconds, got 0"),
+        (
+            ["--collection-max-age", "inf"],
+            "--collection-max-age: expected a finite number, got 'inf'",
+        ),
+        # argv that is not UTF-8 reaches Python as surrogate escapes (os.fsdecode)
+        (["--node-name", "gpu\udcff-7"], "--node-name: not valid UTF-8: 'gpu\\xff-7'"),
     ],
 )
 def test_bad_values_are_one_clear_line(args: list[str], message: str) -> None:
@@ -93,6 +101,21 @@ def test_bad_environment_value_exits_2() -> None:
     )
     assert result.returncode == 2
     assert "--log-level: expected debug, info, warning or error, got 'chatty'" in result.stderr
+
+
+def test_node_name_from_the_environment_that_is_not_utf8_exits_2() -> None:
+    result = subprocess.run(
+        [*GPUSCOPE],
+        cwd=REPO,
+        capture_output=True,
+        env={b"NODE_NAME": b"node-\xff", b"PATH": b"/usr/bin:/bin"},  # type: ignore[dict-item]
+        timeout=20,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert result.stderr.decode().strip().splitlines() == [
+        "gpuscope: --node-name: not valid UTF-8: 'node-\\xff'"
+    ]
 
 
 def test_port_already_in_use_exits_1_with_one_line() -> None:

@@ -50,7 +50,9 @@ def scrape(agent: Agent) -> Exposition:
 
 
 def make(*sources: Flaky, clock: ManualClock | None = None) -> Agent:
-    agent = Agent(parse(["--listen", ":0"], env={}), sources=list(sources), clock=clock)
+    # Every scrape here must collect anew: no sharing of a recent collection.
+    config = parse(["--listen", ":0", "--collection-max-age", "0"], env={})
+    agent = Agent(config, sources=list(sources), clock=clock)
     agent.start()
     return agent
 

@@ -45,7 +45,11 @@ def test_every_exported_metric_is_documented_and_every_documented_metric_is_expo
 def test_names_follow_the_unit_conventions() -> None:
     units = ("_bytes", "_seconds", "_watts", "_joules", "_ratio", "_celsius", "_hertz")
     for m in METRICS:
-        assert m.name.startswith("gpuscope_")
+        if m.source == "process":  # the client libraries' standard process_* names
+            assert m.name.startswith("process_"), m.name
+            continue
+        else:
+            assert m.name.startswith("gpuscope_")
         assert (m.kind == "counter") == m.name.endswith("_total"), m.name
         assert not {"job", "instance", "node", "cluster"} & set(m.labels), m.name
         for bad in ("_percent", "_mib", "_mhz", "_milli", "_kib", "_mw"):
@@ -69,6 +73,8 @@ def test_names_follow_the_unit_conventions() -> None:
                 "_allocated",
                 "_watched",
                 "_refused",
+                "_stuck",
+                "_threads",
             )
         ), f"{m.name}: no base unit and not a state/info metric"
 

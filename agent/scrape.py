@@ -1,0 +1,24 @@
+"""What one scrape renders: the sources' collection, the attribution stage's result and the
+agent's own process figures. Built by `Agent.collect` (agent/app.py), read by the exporters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuscope.agent.attribution.records import Attribution
+from gpuscope.agent.self_stats import ProcessStats
+from gpuscope.agent.sources import Collection, SourceResult
+
+ATTRIBUTION_STAGE = "attribution"  # its status is exported as collector="attribution"
+
+
+@dataclass(frozen=True, slots=True)
+class Scrape:
+    """`attribution` is None where the stage failed or is stuck with nothing good to serve
+    (the collectors' series are then rendered without names); `attribution_status` says which,
+    like a source's result (None before the first collection)."""
+
+    collection: Collection
+    attribution: Attribution | None
+    attribution_status: SourceResult[Attribution] | None = None
+    process: ProcessStats | None = None

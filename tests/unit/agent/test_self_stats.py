@@ -1,0 +1,56 @@
+"""The agent exports its own process figures, as every Prometheus exporter does."""
+
+from __future__ import annotations
+
+import os
+import resource
+import threading
+import time
+
+from gpuscope.agent.self_stats import read_process_stats
+
+
+def _status_kib(field: str) -> int:
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise AssertionError(field)
+
+
+def test_figures_match_what_the_kernel_says_of_this_process() -> None:
+    stats = read_process_stats()
+    assert stats is not None
+    rss = _status_kib("VmRSS") * 1024
+    assert 0.5 * rss <= stats.resident_memory_bytes <= 2 * rss
+    assert stats.virtual_memory_bytes >= stats.resident_memory_bytes
+    assert stats.threads == _status_kib("Threads")
+    assert stats.max_fds == resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    assert abs(stats.open_fds - len(os.listdir("/proc/self/fd"))) <= 1
+    assert time.time() - 7 * 86400 < stats.start_time_seconds <= time.time()
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    assert abs(stats.cpu_seconds - (usage.ru_utime + usage.ru_stime)) < 0.5
+
+
+def test_threads_and_files_are_counted_as_they_come_and_go() -> None:
+    before = read_process_stats()
+    stop = threading.Event()
+    threads = [threading.Thread(target=stop.wait) for _ in range(5)]
+    for t in threads:
+        t.start()
+    files = [open("/dev/null") for _ in range(7)]
+    try:
+        during = read_process_stats()
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        for f in files:
+            f.close()
+    assert before is not None and during is not None
+    assert during.threads == before.threads + 5
+    assert during.python_threads == before.python_threads + 5
+    assert during.open_fds == before.open_fds + 7
+
+
+def test_no_proc_means_no_figures_not_an_error(tmp_path) -> None:
+    assert read_process_stats(tmp_path / "self") is None
