@@ -46,6 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             agent.registry,
             agent.collector.render_text,
             lambda: agent.ready,
+            health=agent.health_detail,
         )
     except OSError as exc:
         where = f"{host or '*'}:{port}"

@@ -29,16 +29,9 @@ O = TypeVar("O")  # noqa: E741
 
 
 def _listen(flag_name: str, text: str) -> tuple[str, int]:
-    host, sep, port_text = text.rpartition(":")
-    if not sep:
-        raise ConfigError(f"{flag_name}: expected [HOST]:PORT, got {text!r}")
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise ConfigError(f"{flag_name}: port must be a number, got {port_text!r}") from None
-    if not 0 <= port <= 65535:
-        raise ConfigError(f"{flag_name}: port must be 0-65535, got {port}")
-    return host.strip("[]"), port
+    from gpuscope.agent.server import parse_listen_address  # the server binds what it parses
+
+    return parse_listen_address(flag_name, text)
 
 
 def _collectors(flag_name: str, text: str) -> tuple[str, ...]:
