@@ -59,6 +59,19 @@ _FABRIC_HEALTH_SUMMARIES = {"not_supported": 0, "healthy": 1, "unhealthy": 2,
 # Realistic-timing mode: process utilization samples every this many seconds (see README).
 DEFAULT_PROCESS_SAMPLE_PERIOD = 5.0
 
+# The error codes nvml.h defines (nvmlReturn_t but NVML_SUCCESS): what error_storm() accepts.
+NVML_ERROR_CODES: dict[int, str] = {
+    1: "UNINITIALIZED", 2: "INVALID_ARGUMENT", 3: "NOT_SUPPORTED", 4: "NO_PERMISSION",
+    5: "ALREADY_INITIALIZED", 6: "NOT_FOUND", 7: "INSUFFICIENT_SIZE", 8: "INSUFFICIENT_POWER",
+    9: "DRIVER_NOT_LOADED", 10: "TIMEOUT", 11: "IRQ_ISSUE", 12: "LIBRARY_NOT_FOUND",
+    13: "FUNCTION_NOT_FOUND", 14: "CORRUPTED_INFOROM", 15: "GPU_IS_LOST", 16: "RESET_REQUIRED",
+    17: "OPERATING_SYSTEM", 18: "LIB_RM_VERSION_MISMATCH", 19: "IN_USE", 20: "MEMORY",
+    21: "NO_DATA", 22: "VGPU_ECC_NOT_SUPPORTED", 23: "INSUFFICIENT_RESOURCES",
+    24: "FREQ_NOT_SUPPORTED", 25: "ARGUMENT_VERSION_MISMATCH", 26: "DEPRECATED",
+    27: "NOT_READY", 28: "GPU_NOT_FOUND", 29: "INVALID_STATE", 30: "RESET_TYPE_NOT_SUPPORTED",
+    999: "UNKNOWN",
+}  # fmt: skip
+
 _build_lock = threading.Lock()
 _loaded_lib: ctypes.CDLL | None = None
 
@@ -151,6 +164,42 @@ def _check_pct(value: float, what: str) -> float:
     if not 0.0 <= value <= 100.0:
         raise ValueError(f"{what} must be within [0, 100], got {value}")
     return float(value)
+
+
+def _check_function(function: str | None) -> None:
+    if function is not None and (not function.startswith("nvml") or " " in function):
+        raise ValueError(f"not an NVML entry point name: {function!r}")
+
+
+@dataclass(frozen=True)
+class _Hang:
+    """A "hang" rule: matching calls block until it is removed or real time passes until_us."""
+
+    seq: int
+    until_us: int  # 0: until released
+    function: str  # "*": every call
+    gpu: int  # -1: every GPU and device-less calls
+
+
+@dataclass(frozen=True)
+class _Storm:
+    """A "storm" rule: the next `count` matching calls (per process; -1: all) fail with `code`."""
+
+    seq: int
+    code: int
+    count: int
+    function: str
+    gpu: int
+
+
+@dataclass(frozen=True)
+class BlockedCall:
+    """A call that the library holds in a hang right now (see FakeNvml.hang_call)."""
+
+    pid: int  # the process making the call
+    function: str  # its entry point, e.g. "nvmlDeviceGetPowerUsage"
+    gpu: int | None  # the GPU whose handle it was called on; None for a device-less call
+    since: float  # when it started waiting, epoch seconds
 
 
 @dataclass(frozen=True)
@@ -479,6 +528,10 @@ class FakeNvml:
             float((realistic or {}).get("process_sample_period_s", DEFAULT_PROCESS_SAMPLE_PERIOD))
         )
         self._latency: dict[tuple[str, int], int] = {}  # (function or "*", gpu or -1) -> us
+        self._hangs: list[_Hang] = []
+        self._storms: list[_Storm] = []
+        self._fault_seq = 0  # last hang/storm rule number (see _next_fault_seq)
+        self._batch_owner: int | None = None  # thread inside batch(), if any
         self._seq = 0
         self._events: list[tuple[int, int, int, int, int]] = []  # seq, gpu, xid, gi, ci
         self._batch_depth = 0
@@ -574,12 +627,22 @@ class FakeNvml:
         """Group changes: the state file is written once, when the outermost block exits."""
         with self._lock:
             self._batch_depth += 1
+            self._batch_owner = threading.get_ident()
             try:
                 yield
             finally:
                 self._batch_depth -= 1
-                if self._batch_depth == 0 and self._dirty:
-                    self._write()
+                if self._batch_depth == 0:
+                    self._batch_owner = None
+                    if self._dirty:
+                        self._write()
+
+    def in_batch(self) -> bool:
+        """Whether the calling thread is inside :meth:`batch` (and so holds this fake's lock).
+
+        The only way user code runs under the fake's lock; ``SimNode`` checks it to keep the
+        one lock order of the test tooling (the node's lock before the fake's)."""
+        return self._batch_owner == threading.get_ident()
 
     def _commit(self) -> None:
         if self._batch_depth > 0:
@@ -609,6 +672,10 @@ class FakeNvml:
             yield f"proc_period {self._proc_period_us}"
         for (function, gpu_index), us in sorted(self._latency.items()):
             yield f"lat {us} {function} {gpu_index}"
+        for hg in self._hangs:
+            yield f"hang {hg.seq} {hg.until_us} {hg.function} {hg.gpu}"
+        for st in self._storms:
+            yield f"storm {st.seq} {st.code} {st.count} {st.function} {st.gpu}"
         for node, cpus in sorted(self._numa_cpus.items()):
             yield f"numa {node} {cpus}"
         yield f"gpus {len(self._gpus)}"
@@ -939,8 +1006,7 @@ class FakeNvml:
         every call).  Initialisation, shutdown and nvmlErrorString are never delayed."""
         if seconds < 0:
             raise ValueError("latency must be >= 0")
-        if function is not None and (not function.startswith("nvml") or " " in function):
-            raise ValueError(f"not an NVML entry point name: {function!r}")
+        _check_function(function)
         with self._lock:
             if gpu is not None:
                 self._gpu(gpu)
@@ -950,6 +1016,161 @@ class FakeNvml:
             else:
                 self._latency[key] = max(1, _to_us(seconds))
             self._commit()
+
+    # ---- faults: hung calls and error storms (test controls; see README) --------------
+
+    def _next_fault_seq(self) -> int:
+        """A rule number never used before on this state file, even by an earlier FakeNvml
+        on the same path: the library counts storms per rule number across re-reads."""
+        self._fault_seq = max(self._fault_seq + 1, time.time_ns() // 1000)
+        return self._fault_seq
+
+    def hang_call(
+        self, function: str | None = None, gpu: int | None = None, seconds: float | None = None
+    ) -> None:
+        """From now on, calls to ``function`` (None: every call but nvmlInit*, nvmlShutdown
+        and nvmlErrorString) on ``gpu``'s handles (None: every GPU, and device-less calls)
+        block until :meth:`release_calls`, or for ``seconds`` of real time from now (None:
+        until released), in any process; calls already blocked return as soon as the rule
+        goes.  The hung call then answers as if it had just been made.  It holds no lock
+        meanwhile, so other GPUs' calls go on; further matching calls hang too.  Stands for
+        a GPU whose firmware stopped answering (XID 119/120, GSP timeout)."""
+        _check_function(function)
+        if seconds is not None and not 0 < seconds < float("inf"):
+            raise ValueError(f"seconds must be > 0 and finite, got {seconds}")
+        with self._lock:
+            if gpu is not None:
+                self._gpu(gpu)
+            now_us = time.time_ns() // 1000
+            until = 0 if seconds is None else now_us + max(1, _to_us(seconds))
+            self._hangs = [h for h in self._hangs if h.until_us == 0 or h.until_us > now_us]
+            self._hangs.append(
+                _Hang(self._next_fault_seq(), until, function or "*", -1 if gpu is None else gpu)
+            )
+            self._commit()
+
+    def release_calls(self, function: str | None = None, gpu: int | None = None) -> None:
+        """Remove the hang rules set for ``function`` and ``gpu`` (None: any), so the calls
+        they hold return; no arguments: every rule.  A rule for every GPU is removed only by
+        ``gpu=None``."""
+        _check_function(function)
+        with self._lock:
+            self._hangs = [
+                h
+                for h in self._hangs
+                if not (
+                    (function is None or h.function == function) and (gpu is None or h.gpu == gpu)
+                )
+            ]
+            self._commit()
+
+    def error_storm(
+        self,
+        code: int,
+        function: str | None = None,
+        gpu: int | None = None,
+        count: int | None = None,
+    ) -> None:
+        """The next ``count`` calls (None: every one until :meth:`clear_error_storm`) to
+        ``function`` (None: every call but init, shutdown and nvmlErrorString) on ``gpu``'s
+        handles (None: every GPU, and device-less calls) return the NVML error ``code``
+        (e.g. 999 UNKNOWN, 15 GPU_IS_LOST, 10 TIMEOUT), outputs untouched.  ``count`` is per
+        process: each process using the fake fails that many calls.  Where several storms
+        match a call, the newest with calls left applies.  A driver in trouble answers like
+        this call after call."""
+        if isinstance(code, bool) or not isinstance(code, int) or code not in NVML_ERROR_CODES:
+            raise ValueError(f"not an NVML error code (nvml.h): {code!r}")
+        if count is not None and (
+            isinstance(count, bool) or not isinstance(count, int) or count < 1
+        ):
+            raise ValueError(f"count must be a positive int or None, got {count!r}")
+        _check_function(function)
+        with self._lock:
+            if gpu is not None:
+                self._gpu(gpu)
+            self._storms.append(
+                _Storm(
+                    self._next_fault_seq(),
+                    code,
+                    -1 if count is None else count,
+                    function or "*",
+                    -1 if gpu is None else gpu,
+                )
+            )
+            self._commit()
+
+    def clear_error_storm(self) -> None:
+        """Remove every error storm: calls answer normally again."""
+        with self._lock:
+            self._storms = []
+            self._commit()
+
+    @property
+    def blocked_dir(self) -> Path:
+        """Where the library lists the calls it holds in a hang: one file per blocked call."""
+        return self.state_path.with_name(self.state_path.name + ".blocked")
+
+    def blocked_calls(self) -> list[BlockedCall]:
+        """The calls blocked in a hang right now, in any process, oldest first.  (The library
+        writes ``<state file>.blocked/<pid>-<n>`` while a call waits and removes it when the
+        call goes on; files of processes that died meanwhile are ignored and removed.)"""
+        try:
+            names = sorted(os.listdir(self.blocked_dir))
+        except FileNotFoundError:
+            return []
+        calls = []
+        for name in names:
+            if name.startswith("."):
+                continue  # being written
+            path = self.blocked_dir / name
+            try:
+                pid, function, gpu, _rule, since_us = path.read_text().split()
+            except (FileNotFoundError, ValueError):
+                continue  # the call went on meanwhile
+            try:
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                continue
+            except PermissionError:
+                pass  # alive, another user's
+            calls.append(
+                BlockedCall(
+                    int(pid), function, None if int(gpu) < 0 else int(gpu), int(since_us) / 1e6
+                )
+            )
+        return sorted(calls, key=lambda c: c.since)
+
+    def wait_blocked(
+        self,
+        count: int = 1,
+        *,
+        function: str | None = None,
+        gpu: int | None = None,
+        pid: int | None = None,
+        timeout: float = 10.0,
+    ) -> list[BlockedCall]:
+        """Wait until at least ``count`` calls matching ``function``, ``gpu`` and ``pid``
+        (None: any) are blocked in a hang, and return those; TimeoutError after ``timeout`` s.
+        Lets a test wait for "the agent is stuck in the call" instead of sleeping."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = [
+                c
+                for c in self.blocked_calls()
+                if (function is None or c.function == function)
+                and (gpu is None or c.gpu == gpu)
+                and (pid is None or c.pid == pid)
+            ]
+            if len(found) >= count:
+                return found
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"{len(found)} of {count} calls blocked after {timeout} s; "
+                    f"blocked now: {self.blocked_calls()}"
+                )
+            time.sleep(0.005)
 
     def set_process_util_scale(self, gpu: int, factor: float) -> None:
         """Multiply ``gpu``'s per-process utilization samples by ``factor``, unclamped, so a

@@ -15,7 +15,16 @@
  *
  * The state file is re-read whenever it changes (stat: device, inode, size,
  * mtime); writers replace it atomically by rename.  See README.md for the
- * format.  All entry points take one global mutex.
+ * format.  All entry points take one global mutex, and never hold it while they wait
+ * (call latency, hangs).
+ *
+ * Test controls that are not NVML behaviour, each standing for a real failure (section 5,
+ * "faults"): "hang" rules block matching calls (one GPU's, or every call) until released or
+ * for a time, as an ioctl blocks for tens of seconds when a GPU's firmware stops answering
+ * (XID 119/120, GSP timeout), while other GPUs' calls go on; "storm" rules make the next N
+ * matching calls return an NVML error code, as a driver in trouble answers
+ * NVML_ERROR_UNKNOWN, TIMEOUT or GPU_IS_LOST call after call.  Blocked calls are listed in
+ * "$FAKENVML_STATE.blocked/", one file each, so a test can wait for "stuck in the call".
  *
  * Layout of this file:
  *   1. NVML ABI: return codes, constants, structs (mirroring nvml.h)
@@ -40,6 +49,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -421,6 +431,25 @@ typedef struct {
     char fn[64];
 } latency_t;
 
+/* Fault-injection test controls (see section 5, "faults"): a hung call ("hang" line) and an
+ * error storm ("storm" line).  `fn` "*" = every call, `gpu` < 0 = every GPU and device-less
+ * calls.  `seq` names the rule for the whole life of the state file (control.py never reuses
+ * one), so per-process bookkeeping survives re-reading the file. */
+typedef struct {
+    unsigned long long seq;
+    int64_t until_us; /* real (CLOCK_REALTIME) epoch us the hang ends by itself; 0: never */
+    int gpu;
+    char fn[64];
+} hang_t;
+
+typedef struct {
+    unsigned long long seq;
+    unsigned code;   /* an NVML error code (nvml.h), never NVML_SUCCESS */
+    int64_t count;   /* calls that fail, per process; -1: until the rule is cleared */
+    int gpu;
+    char fn[64];
+} storm_t;
+
 typedef struct {
     unsigned gi;
     unsigned ci;
@@ -554,6 +583,10 @@ typedef struct {
     int64_t proc_period;
     latency_t *lat; /* "lat" lines */
     int nlat, clat;
+    hang_t *hang; /* "hang" lines */
+    int nhang, chang;
+    storm_t *storm; /* "storm" lines */
+    int nstorm, cstorm;
 } state_t;
 
 /* ======================================================================== */
@@ -578,6 +611,8 @@ static void state_free(state_t *s) {
     }
     free(s->ev);
     free(s->lat);
+    free(s->hang);
+    free(s->storm);
     free(s);
 }
 
@@ -873,6 +908,43 @@ static int parse_latency(state_t *s, char *p) {
     return 0;
 }
 
+/* "hang <seq> <until_us|0> <function|*> <gpu|-1>" */
+static int parse_hang(state_t *s, char *p) {
+    hang_t e;
+    int64_t gpu;
+    memset(&e, 0, sizeof e);
+    if (next_u64(&p, &e.seq) != 0 || next_i64(&p, &e.until_us) != 0 || e.until_us < 0 ||
+        next_word(&p, e.fn, sizeof e.fn) != 0 || next_i64(&p, &gpu) != 0 || gpu < -1 ||
+        gpu >= FAKE_MAX_GPUS || !at_end(p))
+        return -1;
+    e.gpu = (int)gpu;
+    if (grow((void **)&s->hang, &s->chang, s->nhang, sizeof(hang_t)) != 0) return -1;
+    s->hang[s->nhang++] = e;
+    return 0;
+}
+
+/* Whether `code` is an error code nvml.h defines (NVML_SUCCESS is not an error). */
+static int is_nvml_error(unsigned code) {
+    return (code >= NVML_ERROR_UNINITIALIZED && code <= NVML_ERROR_RESET_TYPE_NOT_SUPPORTED) ||
+           code == NVML_ERROR_UNKNOWN;
+}
+
+/* "storm <seq> <code> <count|-1> <function|*> <gpu|-1>" */
+static int parse_storm(state_t *s, char *p) {
+    storm_t e;
+    int64_t gpu;
+    memset(&e, 0, sizeof e);
+    if (next_u64(&p, &e.seq) != 0 || next_u32(&p, &e.code) != 0 || !is_nvml_error(e.code) ||
+        next_i64(&p, &e.count) != 0 || e.count < -1 || e.count == 0 ||
+        next_word(&p, e.fn, sizeof e.fn) != 0 || next_i64(&p, &gpu) != 0 || gpu < -1 ||
+        gpu >= FAKE_MAX_GPUS || !at_end(p))
+        return -1;
+    e.gpu = (int)gpu;
+    if (grow((void **)&s->storm, &s->cstorm, s->nstorm, sizeof(storm_t)) != 0) return -1;
+    s->storm[s->nstorm++] = e;
+    return 0;
+}
+
 /* "ls <gpu> <link> <start_us> <up>" */
 static int parse_link_state(state_t *s, char *p) {
     unsigned gi, link, up;
@@ -1013,6 +1085,8 @@ static int parse_line(state_t *s, char *line, int *seen_end) {
     if (strcmp(kw, "numa") == 0) return parse_numa_cpus(s, p);
     if (strcmp(kw, "fs") == 0) return parse_fabric_script(s, p);
     if (strcmp(kw, "lat") == 0) return parse_latency(s, p);
+    if (strcmp(kw, "hang") == 0) return parse_hang(s, p);
+    if (strcmp(kw, "storm") == 0) return parse_storm(s, p);
     if (strcmp(kw, "realistic") == 0) {
         int64_t v;
         if (next_i64(&p, &v) != 0 || !at_end(p)) return -1;
@@ -1347,6 +1421,31 @@ static struct nvmlDevice_st g_dev[FAKE_MAX_GPUS];
 static struct nvmlDevice_st g_mig[FAKE_MAX_GPUS][FAKE_MAX_MIG];
 static struct nvmlEventSet_st g_sets[FAKE_MAX_SETS];
 
+/* Error storms spent so far in this process: calls failed per "storm" rule, keyed by the
+ * rule's seq.  Kept outside the state (which every re-read replaces) so that rewriting the
+ * file for an unrelated change does not restart a count; forgotten when the rule leaves the
+ * file and at the last nvmlShutdown.  Lock held. */
+typedef struct {
+    unsigned long long seq;
+    int64_t used;
+} storm_use_t;
+static storm_use_t *g_storm_use;
+static int g_nstorm_use, g_cstorm_use;
+
+/* Drops the counts of rules no longer in `s`. */
+static void prune_storm_use(const state_t *s) {
+    int kept = 0;
+    for (int i = 0; i < g_nstorm_use; i++) {
+        for (int j = 0; j < s->nstorm; j++) {
+            if (s->storm[j].seq == g_storm_use[i].seq) {
+                g_storm_use[kept++] = g_storm_use[i];
+                break;
+            }
+        }
+    }
+    g_nstorm_use = kept;
+}
+
 static int ident_matches(const struct stat *st) {
     return g_ident.valid && st->st_dev == g_ident.dev && st->st_ino == g_ident.ino &&
            st->st_size == g_ident.size && st->st_mtim.tv_sec == g_ident.mtime.tv_sec &&
@@ -1390,6 +1489,7 @@ static int load_state(void) {
     }
     state_free(g_state);
     g_state = s;
+    prune_storm_use(s);
     if (debug_enabled()) fprintf(stderr, "fakenvml: loaded %s (%d GPUs)\n", g_path, s->ngpu);
     return 0;
 }
@@ -1453,7 +1553,6 @@ static int resolve_handle(nvmlDevice_t dev, unsigned *gpu, int *mig) {
  * the lock is released, so a slow call does not hold up other threads' calls.  With no "lat"
  * line the cost is one test of s->nlat per call. */
 static _Thread_local int64_t t_delay_us; /* slept by leave(), then reset */
-static _Thread_local const char *t_fn;   /* the entry point being served */
 
 /* The most specific "lat" rule for (fn, gpu): function and GPU > function > GPU > any. */
 static int64_t call_latency_us(const state_t *s, const char *fn, int gpu) {
@@ -1477,22 +1576,6 @@ static void sleep_us(int64_t us) {
     struct timespec ts = {.tv_sec = (time_t)(us / 1000000), .tv_nsec = (long)(us % 1000000) * 1000};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
     }
-}
-
-/* Takes the lock; the caller must always release it with leave().  `fn` names the entry
- * point (for the "lat" rules); the macros below pass __func__. */
-static nvmlReturn_t enter_at(ctx_t *c, const char *fn) {
-    pthread_mutex_lock(&g_lock);
-    memset(c, 0, sizeof *c);
-    c->mig = -1;
-    t_delay_us = 0;
-    t_fn = fn;
-    if (g_refcount == 0 || g_state == NULL) return NVML_ERROR_UNINITIALIZED;
-    refresh_state();
-    c->s = g_state;
-    c->now = fake_now(g_state);
-    if (g_state->nlat > 0) t_delay_us = call_latency_us(g_state, fn, -1);
-    return NVML_SUCCESS;
 }
 
 /* ---- API levels -----------------------------------------------------------
@@ -1554,52 +1637,199 @@ static const unsigned api_first_minor[API_COUNT] = {
     [API_PROCESS_DETAIL_LIST] = 104,
 };
 
-/* enter() for an entry point of api_first_branch[] (lock taken as by enter()). */
-static nvmlReturn_t enter_api_at(ctx_t *c, api_t api, const char *fn) {
-    nvmlReturn_t r = enter_at(c, fn);
-    if (r != NVML_SUCCESS) return r;
-    const unsigned branch = c->s->branch, first = api_first_branch[api];
-    if (branch < first || (branch == first && c->s->branch_minor < api_first_minor[api]))
-        return NVML_ERROR_FUNCTION_NOT_FOUND;
-    return NVML_SUCCESS;
+/* ---- faults: hung calls and error storms ----------------------------------
+ * Test controls, not NVML behaviour.  They stand for real failures: a GPU whose firmware
+ * stopped answering (XID 119/120, "GSP timeout": the driver's ioctl blocks for tens of
+ * seconds before the call returns) and a driver in trouble that answers NVML_ERROR_UNKNOWN,
+ * TIMEOUT or GPU_IS_LOST call after call.
+ *
+ * A call that matches a "hang" rule lists itself in "<state file>.blocked/" (write_marker()),
+ * releases the library lock and polls the state file every FAKE_HANG_POLL_US until no rule
+ * matches any more (released, or its until_us passed); then it starts over as if just
+ * called, so it answers from the state of the moment it returns.  Since no lock is held
+ * while it waits, it holds up only calls that match a hang rule themselves: further calls to
+ * the same GPU, never another GPU's.  A matching "storm" rule with calls left makes the call
+ * answer the rule's code without touching its outputs. */
+#define FAKE_HANG_POLL_US 10000
+
+static int rule_matches(const char *rule_fn, int rule_gpu, const char *fn, int gpu) {
+    if (strcmp(rule_fn, "*") != 0 && strcmp(rule_fn, fn) != 0) return 0;
+    return rule_gpu < 0 || rule_gpu == gpu;
 }
 
-static nvmlReturn_t resolve_dev(ctx_t *c, nvmlDevice_t dev, int flags);
+/* A hang rule for (fn, gpu) in force at real time `now_us`, or NULL.  `gpu` < 0: a
+ * device-less call, which only rules for every GPU match. */
+static const hang_t *find_hang(const state_t *s, const char *fn, int gpu, int64_t now_us) {
+    for (int i = 0; i < s->nhang; i++) {
+        const hang_t *h = &s->hang[i];
+        if ((h->until_us == 0 || now_us < h->until_us) && rule_matches(h->fn, h->gpu, fn, gpu))
+            return h;
+    }
+    return NULL;
+}
+
+static storm_use_t *storm_use(unsigned long long seq) {
+    for (int i = 0; i < g_nstorm_use; i++)
+        if (g_storm_use[i].seq == seq) return &g_storm_use[i];
+    if (grow((void **)&g_storm_use, &g_cstorm_use, g_nstorm_use, sizeof(storm_use_t)) != 0)
+        return NULL;
+    storm_use_t *u = &g_storm_use[g_nstorm_use++];
+    u->seq = seq;
+    u->used = 0;
+    return u;
+}
+
+/* The code of the newest storm rule for (fn, gpu) that has calls left in this process, one
+ * call spent; NVML_SUCCESS if none. */
+static nvmlReturn_t storm_code(const state_t *s, const char *fn, int gpu) {
+    const storm_t *best = NULL;
+    storm_use_t *best_use = NULL;
+    for (int i = 0; i < s->nstorm; i++) {
+        const storm_t *e = &s->storm[i];
+        if (!rule_matches(e->fn, e->gpu, fn, gpu) || (best != NULL && e->seq < best->seq))
+            continue;
+        storm_use_t *u = NULL;
+        if (e->count > 0) {
+            u = storm_use(e->seq);
+            if (u == NULL) return NVML_ERROR_MEMORY;
+            if (u->used >= e->count) continue;
+        }
+        best = e;
+        best_use = u;
+    }
+    if (best == NULL) return NVML_SUCCESS;
+    if (best_use != NULL) best_use->used++;
+    return (nvmlReturn_t)best->code;
+}
+
+static unsigned long long g_marker_n; /* blocked-call markers written by this process */
+
+/* Lists a blocked call as the file "<state file>.blocked/<pid>-<n>" holding one line
+ * "<pid> <function> <gpu|-1> <rule seq> <since, epoch us>", written to a dot-file first and
+ * renamed, so a reader never sees half a line.  Lock held (g_path).  Returns 0 and the
+ * marker's path in `path`, or -1 if it could not be written (the call hangs all the same). */
+static int write_marker(char *path, size_t cap, const char *fn, int gpu,
+                        unsigned long long seq) {
+    char dir[sizeof g_path + 16], tmp[sizeof g_path + 80];
+    int n = snprintf(dir, sizeof dir, "%s.blocked", g_path);
+    if (n < 0 || (size_t)n >= sizeof dir) return -1;
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) return -1;
+    const long pid = (long)getpid();
+    const unsigned long long id = ++g_marker_n;
+    n = snprintf(path, cap, "%s/%ld-%llu", dir, pid, id);
+    if (n < 0 || (size_t)n >= cap) return -1;
+    n = snprintf(tmp, sizeof tmp, "%s/.%ld-%llu.tmp", dir, pid, id);
+    if (n < 0 || (size_t)n >= sizeof tmp) return -1;
+    FILE *f = fopen(tmp, "w");
+    if (f == NULL) return -1;
+    int ok = fprintf(f, "%ld %s %d %llu %lld\n", pid, fn, gpu, seq, (long long)realtime_us()) > 0;
+    ok = fclose(f) == 0 && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        (void)remove(tmp);
+        return -1;
+    }
+    return 0;
+}
+
+/* Blocks while a hang rule matches (fn, gpu), starting with `h`.  Lock held on entry and on
+ * return, released while waiting. */
+static void hang_wait(const hang_t *h, const char *fn, int gpu) {
+    char marker[sizeof g_path + 64];
+    const int listed = write_marker(marker, sizeof marker, fn, gpu, h->seq) == 0;
+    if (!listed && debug_enabled()) fprintf(stderr, "fakenvml: cannot list a blocked %s\n", fn);
+    int64_t until = h->until_us;
+    for (;;) {
+        pthread_mutex_unlock(&g_lock);
+        int64_t nap = FAKE_HANG_POLL_US;
+        if (until > 0) {
+            int64_t left = until - realtime_us();
+            if (left < nap) nap = left > 0 ? left : 0;
+        }
+        sleep_us(nap);
+        pthread_mutex_lock(&g_lock);
+        if (g_refcount == 0 || g_state == NULL) break; /* shut down meanwhile */
+        refresh_state();
+        const hang_t *next = find_hang(g_state, fn, gpu, realtime_us());
+        if (next == NULL) break;
+        until = next->until_us;
+    }
+    if (listed) (void)remove(marker);
+}
+
+/* ---- entering a call ------------------------------------------------------ */
+
+enum { ENTER_DEV = 2, ENTER_NO_FAULTS = 4 }; /* enter_full() flags, with ALLOW_MIG */
+
+/* Takes the lock (the caller must always release it with leave()), re-reads the state,
+ * checks the entry point against the driver's branch (`api` >= 0), resolves and validates the
+ * handle (ENTER_DEV), sets the call's latency, applies hangs and storms (unless
+ * ENTER_NO_FAULTS) and then the lost-GPU and MIG checks.  `fn` names the entry point for the
+ * "lat", "hang" and "storm" rules; the macros below pass __func__.  On SUCCESS c->s (and for
+ * ENTER_DEV c->g, c->gpu, c->mig) are valid until leave(). */
+static nvmlReturn_t enter_full(ctx_t *c, const char *fn, int api, nvmlDevice_t dev, int flags) {
+    pthread_mutex_lock(&g_lock);
+    for (;;) {
+        memset(c, 0, sizeof *c);
+        c->mig = -1;
+        t_delay_us = 0;
+        if (g_refcount == 0 || g_state == NULL) return NVML_ERROR_UNINITIALIZED;
+        refresh_state();
+        const state_t *s = g_state;
+        c->s = s;
+        c->now = fake_now(s);
+        if (s->nlat > 0) t_delay_us = call_latency_us(s, fn, -1);
+        if (api >= 0) {
+            const unsigned branch = s->branch, first = api_first_branch[api];
+            if (branch < first || (branch == first && s->branch_minor < api_first_minor[api]))
+                return NVML_ERROR_FUNCTION_NOT_FOUND;
+        }
+        int gpu = -1;
+        if (flags & ENTER_DEV) {
+            unsigned gi;
+            int mig;
+            if (dev == NULL || resolve_handle(dev, &gi, &mig) != 0 || gi >= (unsigned)s->ngpu)
+                return NVML_ERROR_INVALID_ARGUMENT;
+            const gpu_t *g = &s->gpu[gi];
+            if (mig >= 0 && (!g->mig_mode || mig >= g->nmig)) return NVML_ERROR_INVALID_ARGUMENT;
+            c->g = g;
+            c->gpu = gi;
+            c->mig = mig;
+            gpu = (int)gi;
+            if (s->nlat > 0) t_delay_us = call_latency_us(s, fn, gpu);
+        }
+        if (!(flags & ENTER_NO_FAULTS)) {
+            const hang_t *h = s->nhang > 0 ? find_hang(s, fn, gpu, realtime_us()) : NULL;
+            if (h != NULL) {
+                hang_wait(h, fn, gpu);
+                continue; /* the state may have changed: start over */
+            }
+            nvmlReturn_t r = s->nstorm > 0 ? storm_code(s, fn, gpu) : NVML_SUCCESS;
+            if (r != NVML_SUCCESS) return r;
+        }
+        if (c->g != NULL) {
+            if (c->g->lost) return NVML_ERROR_GPU_IS_LOST;
+            if (c->mig >= 0 && !(flags & ALLOW_MIG)) return NVML_ERROR_NOT_SUPPORTED;
+        }
+        return NVML_SUCCESS;
+    }
+}
+
+static nvmlReturn_t enter_at(ctx_t *c, const char *fn) { return enter_full(c, fn, -1, NULL, 0); }
 
 static nvmlReturn_t enter_dev_api_at(ctx_t *c, nvmlDevice_t dev, int flags, api_t api,
                                      const char *fn) {
-    nvmlReturn_t r = enter_api_at(c, api, fn);
-    return r != NVML_SUCCESS ? r : resolve_dev(c, dev, flags);
+    return enter_full(c, fn, (int)api, dev, flags | ENTER_DEV);
 }
 
 static nvmlReturn_t enter_dev_at(ctx_t *c, nvmlDevice_t dev, int flags, const char *fn) {
-    nvmlReturn_t r = enter_at(c, fn);
-    return r != NVML_SUCCESS ? r : resolve_dev(c, dev, flags);
+    return enter_full(c, fn, -1, dev, flags | ENTER_DEV);
 }
 
 /* Entry points call these; helpers shared by several entry points take the entry point's
  * name and call the _at() forms. */
 #define enter(c) enter_at((c), __func__)
-#define enter_api(c, api) enter_api_at((c), (api), __func__)
 #define enter_dev(c, dev, flags) enter_dev_at((c), (dev), (flags), __func__)
 #define enter_dev_api(c, dev, flags, api) enter_dev_api_at((c), (dev), (flags), (api), __func__)
-
-/* Validates the handle for enter_dev*() (lock held); fills c->g, c->gpu, c->mig. */
-static nvmlReturn_t resolve_dev(ctx_t *c, nvmlDevice_t dev, int flags) {
-    unsigned gpu;
-    int mig;
-    if (dev == NULL || resolve_handle(dev, &gpu, &mig) != 0) return NVML_ERROR_INVALID_ARGUMENT;
-    if (gpu >= (unsigned)c->s->ngpu) return NVML_ERROR_INVALID_ARGUMENT;
-    const gpu_t *g = &c->s->gpu[gpu];
-    if (mig >= 0 && (!g->mig_mode || mig >= g->nmig)) return NVML_ERROR_INVALID_ARGUMENT;
-    if (c->s->nlat > 0) t_delay_us = call_latency_us(c->s, t_fn, (int)gpu);
-    c->g = g;
-    c->gpu = gpu;
-    c->mig = mig;
-    if (g->lost) return NVML_ERROR_GPU_IS_LOST;
-    if (mig >= 0 && !(flags & ALLOW_MIG)) return NVML_ERROR_NOT_SUPPORTED;
-    return NVML_SUCCESS;
-}
 
 static nvmlReturn_t leave(nvmlReturn_t r) {
     pthread_mutex_unlock(&g_lock);
@@ -1672,6 +1902,7 @@ static nvmlReturn_t do_init(void) {
         return leave(rc == -1 ? NVML_ERROR_DRIVER_NOT_LOADED : NVML_ERROR_UNKNOWN);
     }
     memset(g_sets, 0, sizeof g_sets);
+    g_nstorm_use = 0; /* a new session: storms count afresh */
     g_sys_admin = read_sys_admin();
     g_refcount = 1;
     return leave(NVML_SUCCESS);
@@ -1693,6 +1924,7 @@ EXPORT nvmlReturn_t nvmlShutdown(void) {
         g_state = NULL;
         g_ident.valid = 0;
         memset(g_sets, 0, sizeof g_sets);
+        g_nstorm_use = 0;
     }
     return leave(NVML_SUCCESS);
 }
@@ -2697,8 +2929,9 @@ static nvmlReturn_t event_wait(nvmlEventSet_t set, nvmlEventData_t *data, unsign
     const int64_t deadline = monotonic_ms() + (int64_t)timeoutms;
     for (int polls = 0;; polls++) {
         ctx_t c;
-        nvmlReturn_t r = enter_at(&c, fn);
-        if (polls > 0) t_delay_us = 0; /* a call's latency is slept once, not at every poll */
+        /* a call's latency is slept, and its hang or storm applied, once, not at every poll */
+        nvmlReturn_t r = enter_full(&c, fn, -1, NULL, polls > 0 ? ENTER_NO_FAULTS : 0);
+        if (polls > 0) t_delay_us = 0;
         if (r != NVML_SUCCESS) return leave(r);
         struct nvmlEventSet_st *es = resolve_set(set);
         if (es == NULL) return leave(NVML_ERROR_INVALID_ARGUMENT);
