@@ -16,9 +16,11 @@ from gpuscope.agent.config import ConfigError, parse
 from gpuscope.agent.gpu.collector import GPU
 from gpuscope.agent.gpu.records import GpuSnapshot
 from gpuscope.agent.gpu.source import GpuConfig, GpuSource
+from gpuscope.agent.labels_options import label_prefix
 from gpuscope.agent.placement import network_placement
 from gpuscope.agent.sources import SourceUnavailable
-from gpuscope.exporters.labels.gpu import check, gpu_labels, topology_annotation
+from gpuscope.exporters.labels.gpu import gpu_labels, topology_annotation
+from gpuscope.exporters.labels.validation import validate
 
 
 def remove_from_node(node: str, prefix: str) -> int:
@@ -58,9 +60,8 @@ def labels_main(argv: Sequence[str]) -> int:
     if output not in ("table", "json"):
         print(f"gpuscope labels: --output: expected table or json, got {output!r}", file=sys.stderr)
         return 2
-    if prefix and not prefix.endswith("/"):
-        prefix += "/"
     try:
+        prefix = label_prefix("--label-prefix", prefix)
         config = parse(["--collectors", GPU.name, *args])
     except ConfigError as exc:
         print(f"gpuscope labels: {exc}", file=sys.stderr)
@@ -80,17 +81,19 @@ def labels_main(argv: Sequence[str]) -> int:
         source.stop()
 
     placement = network_placement(config.agent.sysfs, snapshot)
-    labels = gpu_labels(snapshot, prefix, network=placement)
-    check(labels)
     annotations = (
         {f"{prefix}topology": topology_annotation(snapshot, placement)}
         if snapshot is not None and snapshot.gpus
         else {}
     )
+    checked = validate(gpu_labels(snapshot, prefix, network=placement), annotations)
+    for key, why in checked.dropped.items():
+        print(f"gpuscope labels: left out {key}: {why}", file=sys.stderr)
+    labels, annotations = checked.labels, checked.annotations
     if output == "json":
         print(json.dumps({"labels": labels, "annotations": annotations}, indent=2, sort_keys=True))
     else:
-        width = max(len(k) for k in (*labels, *annotations))
+        width = max((len(k) for k in (*labels, *annotations)), default=0)
         for key in sorted(labels):
             print(f"{key:<{width}}  {labels[key]}")
         for key, value in annotations.items():

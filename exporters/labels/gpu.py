@@ -10,13 +10,16 @@ requires `gpu.memory Gt 40000` must fit on whichever GPU it gets.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
+from gpuscope.agent.bounded import HASH_LENGTH
 from gpuscope.agent.gpu.records import GpuReading, GpuSnapshot, GpuTopology
 from gpuscope.agent.placement import NetworkPlacement
-from gpuscope.exporters.labels.values import MAX_LENGTH, is_valid_value, label_value
+from gpuscope.exporters.labels.validation import validate
+from gpuscope.exporters.labels.values import MAX_LENGTH, label_value
 
 MIB = 1024 * 1024
 
@@ -114,9 +117,25 @@ def _add_models(labels: dict[str, str], p: str, known: Sequence[GpuReading]) -> 
         labels[f"{p}gpu.product"] = label_value(next(iter(models)))
     elif len(models) > 1:
         labels[f"{p}gpu.product"] = "mixed"
-        for model, count in sorted(models.items()):
-            name = label_value(model, MAX_LENGTH - len("gpu.model."))
-            labels[f"{p}gpu.model.{name}"] = str(count)
+        per_key = Counter({model_key_name(model): 0 for model in sorted(models)})
+        for model, count in models.items():
+            per_key[model_key_name(model)] += count  # two names that sanitize alike add up
+        for name, count in per_key.items():
+            labels[f"{p}{name}"] = str(count)
+
+
+MODEL_KEY = "gpu.model."
+
+
+def model_key_name(model: str) -> str:
+    """The name part `gpu.model.<product>` for a product name, valid whatever NVML says: a
+    name with no character a label can hold (or one too long) still gets a non-empty,
+    stable segment, so the key never ends in `.`."""
+    segment = label_value(model, MAX_LENGTH - len(MODEL_KEY))
+    if not segment:
+        digest = hashlib.sha256(model.encode(errors="surrogatepass")).hexdigest()
+        segment = f"unknown-{digest[:HASH_LENGTH]}"
+    return MODEL_KEY + segment
 
 
 def _add_capabilities(
@@ -167,7 +186,8 @@ def _add_links(labels: dict[str, str], p: str, gpus: Sequence[GpuReading]) -> No
     """Active NVLinks (the minimum over GPUs that are up) and how many NUMA nodes the GPUs
     span."""
     links = [sum(1 for link in g.nvlinks if link.up) for g in gpus if g.up]
-    labels[f"{p}gpu.nvlink.links"] = str(min(links)) if links else "0"
+    if links:  # no GPU up: unknown, not 0 (a held label keeps its last value)
+        labels[f"{p}gpu.nvlink.links"] = str(min(links))
     numa = {g.identity.numa_node for g in gpus if g.identity.numa_node is not None}
     if numa:
         labels[f"{p}gpu.numa-nodes"] = str(len(numa))
@@ -245,7 +265,7 @@ def topology_annotation(
 
 def check(labels: Mapping[str, str]) -> None:
     """Raise if any key or value is not a valid Kubernetes label (a bug, not bad input)."""
-    for key, value in labels.items():
-        _, _, name = key.rpartition("/")
-        if len(name) > 63 or not is_valid_value(name) or not is_valid_value(value):
-            raise ValueError(f"invalid label {key}={value}")
+    dropped = validate(labels, {}).dropped
+    if dropped:
+        key, why = next(iter(dropped.items()))
+        raise ValueError(f"invalid label {key}={labels[key]!r}: {why}")
