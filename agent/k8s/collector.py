@@ -8,6 +8,7 @@ and network records, and the exporter renders what it adds.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,12 +43,35 @@ def _workload_order(flag_name: str, text: str) -> tuple[str, ...]:
     return order
 
 
+def _seconds(low: float, high: float) -> Callable[[float], str | None]:
+    def check(value: float) -> str | None:
+        if low <= value <= high:
+            return None
+        return f"expected {low:g} to {high:g} seconds, got {value:g}"
+
+    return check
+
+
 @dataclass(frozen=True, slots=True)
 class PodsOptions:
     workload_order: tuple[str, ...] = flag(
         DEFAULT_ORDER,
         "comma-separated order in which pod workloads are resolved (leave one out to ignore it)",
         parse=_workload_order,
+    )
+    # Real API servers send a BOOKMARK on a quiet watch about once a minute (kubernetes#90249):
+    # silence well past that means the connection is dead, not that nothing happened.
+    pods_watch_read_timeout: float = flag(
+        75.0,
+        "seconds without a byte on the pod watch (no event, no bookmark) before it is dropped "
+        "and the pods relisted; keep it above the API server's bookmark gap (about 60 s)",
+        check=_seconds(10, 3600),
+    )
+    pods_stale_after: float = flag(
+        90.0,
+        "seconds without word from the Kubernetes API (list, watch event or bookmark) after "
+        "which the pods collector fails with its last pods until the watch is back",
+        check=_seconds(10, 3600),
     )
 
 
@@ -70,6 +94,9 @@ def _build_pods(ctx: BuildContext[PodsOptions]) -> Source[PodsSnapshot]:
         functools.partial(make_client, ctx.agent.kubeconfig),
         ctx.agent.node_name,
         order=ctx.options.workload_order,
+        stale_after=ctx.options.pods_stale_after,
+        read_timeout=ctx.options.pods_watch_read_timeout,
+        clock=ctx.clock,
     )
 
 

@@ -5,16 +5,28 @@ does not grow with the cluster. A watch that ends is resumed from the last resou
 a 410 Gone (history compacted) relists and replaces the cache, so pods deleted meanwhile
 disappear and none are duplicated. While the API server is unreachable the last known
 pods stay (series keep their names) and the connection is retried with a backoff.
+
+A watch can also stop delivering without closing (a half-open connection, a wedged proxy):
+that once left a new GPU pod unnamed for 7 minutes while everything looked fine. So each
+watch asks for bookmarks, which a real API server sends about once a minute on a quiet
+watch, and for a server-side timeout of 5 to 10 minutes (client-go's reflector's choice,
+jittered so that a fleet of agents does not reconnect in step), and reads with a timeout
+longer than the bookmark gap: silence past it drops the connection, relists and watches
+anew. `alive_at` is when the watcher last heard from the API server (a list, an event, a
+bookmark), which the `pods` source turns into a staleness bound.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
+from gpuscope.agent.k8s.client import WatchSilent, watch_once
 from gpuscope.agent.k8s.records import PodMeta
 from gpuscope.agent.k8s.workloads import DEFAULT_ORDER, resolve
 
@@ -50,13 +62,23 @@ class PodWatcher:
         backoff_first: float = 1.0,
         backoff_max: float = 30.0,
         watch_timeout: int = 300,
+        read_timeout: float = 75.0,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`watch_timeout`: the shortest server-side watch timeout asked for (each watch asks
+        for a random one up to twice that); `read_timeout`: the longest silence tolerated on
+        a watch before it is dropped, to be longer than the API server's bookmark gap."""
         self._client_factory = client_factory
         self._node = node_name
         self._order = tuple(order)
         self._backoff_first = backoff_first
         self._backoff_max = backoff_max
         self._watch_timeout = watch_timeout
+        self._read_timeout = read_timeout
+        self._monotonic = monotonic
+        self._silent = False  # the last watch ended in silence, with no event since
+        self.alive_at: float | None = None  # when the API server last answered (monotonic)
+        self.silences = 0  # watches dropped for silence
         self._pods: Mapping[str, PodMeta] = MappingProxyType({})
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -74,7 +96,8 @@ class PodWatcher:
         self._thread.start()
 
     def stop(self, timeout: float = 1.0) -> None:
-        """Stop; a watch blocked on a quiet API server ends by itself (daemon thread)."""
+        """Stop; a watch blocked on a quiet API server ends within the read timeout (daemon
+        thread)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=timeout)
@@ -89,12 +112,23 @@ class PodWatcher:
                 rv = self._list(client)
                 delay = self._backoff_first
                 self._watch(client, rv)  # returns when the history expired: relist
+            except WatchSilent as exc:
+                # Presumed dead: a fresh client (a fresh connection), relist and watch anew
+                # at once. Logged once, not again while watch after watch stays silent (an
+                # API server that sends no bookmarks, on a node where nothing changes).
+                self.silences += 1
+                if not self._silent:
+                    log.warning("watching pods of node %s: %s; relisting", self._node, exc)
+                self._silent = True
+                _close(client)
+                client = None
             except Exception as exc:  # noqa: BLE001 - any failure: keep the last pods, retry
                 message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 if message != self.error:
                     log.warning("watching pods of node %s: %s", self._node, message)
                 self.error = message
                 self.attempted.set()
+                _close(client)
                 client = None
                 self._stop.wait(delay)
                 delay = min(self._backoff_max, delay * 2)
@@ -109,6 +143,7 @@ class PodWatcher:
             pods[meta.uid] = meta
         self._pods = MappingProxyType(pods)
         self.lists += 1
+        self.alive_at = self._monotonic()
         if self.error is not None:
             log.info("watching pods of node %s: recovered", self._node)
         self.error = None
@@ -117,28 +152,49 @@ class PodWatcher:
         return str(listing.resourceVersion)
 
     def _watch(self, client: Any, rv: str) -> None:
+        """Watch from `rv`, watch after watch, until the history expires (410: return, to
+        relist) or something fails (raise)."""
         from lightkube import ApiError
         from lightkube.resources.core_v1 import Pod
 
-        try:
-            for op, obj in client.watch(
-                Pod,
-                namespace="*",
-                fields={"spec.nodeName": self._node},
-                resource_version=rv,
-                server_timeout=self._watch_timeout,
-            ):
-                if self._stop.is_set():
+        while not self._stop.is_set():
+            server_timeout = int(self._watch_timeout * (1 + random.random()))
+            try:
+                for op, obj in watch_once(
+                    client,
+                    Pod,
+                    namespace="*",
+                    fields={"spec.nodeName": self._node},
+                    resource_version=rv,
+                    server_timeout=server_timeout,
+                    read_timeout=self._read_timeout,
+                ):
+                    if self._stop.is_set():
+                        return
+                    self.alive_at = self._monotonic()
+                    rv = str(obj.metadata.resourceVersion or rv)
+                    if op == "BOOKMARK":
+                        continue  # nothing changed up to rv: only proof of life
+                    self._silent = False
+                    meta = pod_meta(obj.to_dict(), self._order)
+                    pods = dict(self._pods)
+                    if op == "DELETED":
+                        pods.pop(meta.uid, None)
+                    else:
+                        pods[meta.uid] = meta
+                    self._pods = MappingProxyType(pods)
+            except ApiError as exc:
+                if exc.status.code == 410:
+                    log.debug("pod watch expired (410 Gone): relisting")
                     return
-                meta = pod_meta(obj.to_dict(), self._order)
-                pods = dict(self._pods)
-                if op == "DELETED":
-                    pods.pop(meta.uid, None)
-                else:
-                    pods[meta.uid] = meta
-                self._pods = MappingProxyType(pods)
-        except ApiError as exc:
-            if exc.status.code == 410:
-                log.debug("pod watch expired (410 Gone): relisting")
-                return
-            raise
+                raise
+            # The server ended the watch (its timeout): resume from the last version seen.
+
+
+def _close(client: Any) -> None:
+    """Release a client's connections; a client that fails to close is dropped anyway."""
+    if client is not None:
+        try:
+            client.close()
+        except Exception:  # closing is best effort
+            log.debug("closing the Kubernetes API client failed", exc_info=True)

@@ -3,6 +3,12 @@
 A thin source over `PodWatcher` (list + watch on its own thread). While the API server is
 unreachable the watcher keeps the last pods it knew and this source reports failure, so
 `collector_success{collector="pods"}` shows the outage while series keep their names.
+
+An API server that stops talking without closing the watch is not an error the watcher can
+see at once, so the source also bounds how old its knowledge may be: when the watcher has
+heard nothing from the API server (no list, event or bookmark) for `stale_after` seconds,
+collections fail the same way (`SourceStale`: last pods kept, one log line from the runner)
+until the watcher, which drops a silent watch and relists, hears from it again.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from gpuscope.agent.clock import Clock, SystemClock
 from gpuscope.agent.k8s.pods import PodWatcher
 from gpuscope.agent.k8s.records import PodsSnapshot
 from gpuscope.agent.k8s.workloads import DEFAULT_ORDER
@@ -26,9 +33,23 @@ class PodsSource:
         *,
         order: Sequence[str] = DEFAULT_ORDER,
         sync_timeout: float = 5.0,
+        stale_after: float = 90.0,
+        read_timeout: float = 75.0,
+        clock: Clock | None = None,
+        **watcher_options: Any,
     ) -> None:
-        self.watcher = PodWatcher(client_factory, node_name, order=order)
+        """`watcher_options` go to `PodWatcher` (backoffs, the server-side watch timeout)."""
+        self._clock = clock or SystemClock()
+        self.watcher = PodWatcher(
+            client_factory,
+            node_name,
+            order=order,
+            read_timeout=read_timeout,
+            monotonic=self._clock.monotonic,
+            **watcher_options,
+        )
         self._sync_timeout = sync_timeout
+        self._stale_after = stale_after
         self._started = False
 
     def start(self) -> None:
@@ -47,6 +68,14 @@ class PodsSource:
         snapshot = PodsSnapshot(pods=self.watcher.pods())
         if self.watcher.error is not None:
             raise SourceStale(f"Kubernetes API: {self.watcher.error}", snapshot)
+        alive_at = self.watcher.alive_at
+        if alive_at is None or self._clock.monotonic() - alive_at > self._stale_after:
+            # A fixed message: the runner logs it once, not once per scrape.
+            raise SourceStale(
+                f"Kubernetes API: nothing heard on the pod watch for over {self._stale_after:g}s "
+                "(no event or bookmark); pod names may be out of date, reconnecting",
+                snapshot,
+            )
         return snapshot
 
     def stop(self) -> None:
