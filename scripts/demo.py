@@ -127,7 +127,9 @@ def script_workload(fake: FakeNvml, node: SimNode | None, stop: threading.Event)
     while not stop.wait(5.0):
         tick += 1
         phase = (time.monotonic() - t0) / 60.0 * 2 * math.pi
-        with fake.batch():
+        # One state-file write for both GPUs. With pods the node's batch takes its lock before
+        # the fake's, the one order (set_usage inside fake.batch() would deadlock remove_pod).
+        with node.batch() if node is not None else fake.batch():
             for gpu, name in zip((4, 5), SERVING[1], strict=True):
                 load = max(0.0, min(100.0, 45 + 35 * math.sin(phase + gpu) + rng.uniform(-5, 5)))
                 if node is not None:

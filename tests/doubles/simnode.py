@@ -27,7 +27,11 @@ Every part the agent reads is real or speaks the real protocol:
 forget them, cgroups go, then the API object: MODIFIED terminating, DELETED), `set_usage`
 (change a pod's GPU memory/utilization), `start_traffic`/`wait_traffic`/`received` (bytes
 the receiver counted itself: the ground truth), `host_process`/`remove_host_process` (a GPU
-process in no pod), `close`.
+process in no pod), `batch` (node and fake changes in one state-file write), `close`.
+
+Thread-safe, with one lock order: the node's lock before the fake's. A node method called
+from inside `fake.batch()` would take them the other way round and is refused
+(RuntimeError); use `node.batch()`, which takes both in order.
 
 Needs root and cgroup v2. Everything (processes, cgroups, servers) goes on `close`, also
 when a test fails; workers exit by themselves when their parent dies (stdin closes).
@@ -46,7 +50,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -284,7 +288,11 @@ class SimNode:
         self.ready_timeout = ready_timeout
         self.pods: dict[str, SimPod] = {}  # "namespace/name" -> pod
         self.transfers: list[Transfer] = []
+        # Lock order of the test tooling: this node's lock, then the fake's (FakeNvml._lock,
+        # held by fake.batch() and every FakeNvml method), never the other way round; see
+        # _locked().
         self._lock = threading.RLock()
+        self._owner: int | None = None  # the thread holding self._lock
         self._lab = Pods()
         _sweep_stale(self._lab.root)
         self._base = self._lab.root / f"{PREFIX}-sim-{self._lab.tag}"
@@ -308,6 +316,35 @@ class SimNode:
             self.close()
             raise
         atexit.register(self.close)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """This node's lock, taken in the one lock order of the test tooling: the node's lock
+        before the fake's.  Every node method changes the fake while holding the node's lock
+        (so that NVML, the kubelet and the API change together), so a thread that calls one
+        from inside ``fake.batch()`` takes the two locks the other way round and deadlocks with
+        any node call on another thread (a script that held the fake's batch while calling
+        ``set_usage`` did, against ``remove_pod``).  That is refused with RuntimeError; group
+        node and fake changes with :meth:`batch` instead."""
+        me = threading.get_ident()
+        if self._owner != me and self.fake.in_batch():
+            raise RuntimeError(
+                "SimNode called inside FakeNvml.batch(): the node's lock must be taken before "
+                "the fake's; use SimNode.batch() to group node and fake changes"
+            )
+        with self._lock:
+            outer, self._owner = self._owner, me
+            try:
+                yield
+            finally:
+                self._owner = outer
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Group node calls and direct fake changes into one state-file write, taking the
+        locks in their order (the node's, then the fake's ``batch()``)."""
+        with self._locked(), self.fake.batch():
+            yield
 
     @property
     def kubelet_socket(self) -> Path:
@@ -346,7 +383,7 @@ class SimNode:
             raise ValueError("a pod needs at least one container")
         if len({c.name for c in containers}) != len(containers):
             raise ValueError("container names must be unique within a pod")
-        with self._lock:
+        with self._locked():
             self._check_new_pod(key, containers)
             uid = uid or str(uuid.uuid4())
             pod_dir = self._pod_dir(uid, qos)
@@ -421,7 +458,7 @@ class SimNode:
         """Delete a pod as a kubelet does: its processes are killed (and leave NVML), the
         kubelet stops listing it, its cgroups go, then the API object (MODIFIED with a
         deletionTimestamp, then DELETED)."""
-        with self._lock:
+        with self._locked():
             self._check_open()
             sim = self.pods.get(f"{namespace}/{name}")
             if sim is None:
@@ -449,7 +486,7 @@ class SimNode:
         gpu_memory_bytes: int | None = None,
     ) -> None:
         """Change what a pod's containers (or one of them) do on their GPUs, from now on."""
-        with self._lock:
+        with self._locked():
             self._check_open()
             sim = self.pods[f"{namespace}/{name}"]
             chosen = [sim.containers[container]] if container else list(sim.containers.values())
@@ -479,7 +516,7 @@ class SimNode:
         nbytes 0 and a rate, steadily until the pod goes. Finite ones are `wait_traffic`ed."""
         if nbytes <= 0 and rate <= 0:
             raise ValueError("give a byte count, a rate, or both")
-        with self._lock:
+        with self._locked():
             self._check_open()
             sender = self.pods[src]
             peer = self.pods[dst]
@@ -502,11 +539,11 @@ class SimNode:
     def wait_traffic(self, timeout: float = 30.0) -> None:
         """Block until every finite transfer was sent and read by its peer."""
         deadline = time.monotonic() + timeout
-        with self._lock:
+        with self._locked():
             pending = list(self._pending)
         for sender, ident, receiver, nbytes in pending:
             sender.wait_done(ident, deadline)
-            with self._lock:
+            with self._locked():
                 self._expect[receiver] = self._expect.get(receiver, 0) + nbytes
                 with contextlib.suppress(ValueError):
                     self._pending.remove((sender, ident, receiver, nbytes))
@@ -516,7 +553,7 @@ class SimNode:
 
     def received(self, pod: str) -> int:
         """Payload bytes pod ("namespace/name") has read on connections that have ended."""
-        with self._lock:
+        with self._locked():
             return next(iter(self.pods[pod].containers.values())).worker.received
 
     # ---- processes outside pods ---------------------------------------------------------
@@ -527,7 +564,7 @@ class SimNode:
         """A real process in no pod (a systemd service's cgroup), registered as a compute
         process on `gpu` (one index or several). Returns its pid."""
         gpus = (gpu,) if isinstance(gpu, int) else tuple(gpu)
-        with self._lock:
+        with self._locked():
             self._check_open()
             n = len(self._hosts) + 1
             cdir = self._base / "system.slice" / f"sim-host-{n}-{uuid.uuid4().hex[:6]}.service"
@@ -545,7 +582,7 @@ class SimNode:
             return worker.pid
 
     def remove_host_process(self, pid: int) -> None:
-        with self._lock:
+        with self._locked():
             worker, _gpus, cdir = self._hosts.pop(pid)
             worker.kill()
             self._unregister_nvml([pid])
@@ -555,7 +592,7 @@ class SimNode:
 
     def close(self) -> None:
         """Kill every process, leave NVML as found, remove the cgroups, stop the servers."""
-        with self._lock:
+        with self._locked():
             if self._closed:
                 return
             self._closed = True
