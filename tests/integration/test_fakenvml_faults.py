@@ -54,18 +54,29 @@ class Call(threading.Thread):
 
 
 @pytest.fixture
-def fake(tmp_path: Path) -> Iterator[FakeNvml]:
-    """A dgx-h100 fake at T0, activated in this process with nvmlInit done; every hang is
-    released at teardown, so a failing test leaves no thread blocked."""
-    f = FakeNvml("dgx-h100", tmp_path / "state", now=T0)
-    f.activate()
-    nv.nvmlInit()
-    try:
-        yield f
-    finally:
+def make_fake(tmp_path: Path) -> Iterator[Callable[[str], FakeNvml]]:
+    """make(profile): a fake at T0, activated in this process with nvmlInit done (one per
+    test); every hang is released at teardown, so a failing test leaves no thread blocked."""
+    made: list[FakeNvml] = []
+
+    def make(profile: str) -> FakeNvml:
+        assert not made, "one fake per test"
+        f = FakeNvml(profile, tmp_path / "state", now=T0)
+        f.activate()
+        nv.nvmlInit()
+        made.append(f)
+        return f
+
+    yield make
+    for f in made:
         f.release_calls()
         f.clear_error_storm()
         nv.nvmlShutdown()
+
+
+@pytest.fixture
+def fake(make_fake: Callable[[str], FakeNvml]) -> FakeNvml:
+    return make_fake("dgx-h100")
 
 
 def h(i: int) -> Any:
@@ -123,12 +134,23 @@ def test_a_hung_call_answers_from_the_state_when_it_returns(fake: FakeNvml) -> N
 
 def test_a_hang_with_seconds_ends_on_its_own(fake: FakeNvml) -> None:
     expected = power(2)
-    fake.hang_call(gpu=2, seconds=0.5)  # every call on GPU 2, for half a second of real time
+    fake.hang_call(gpu=2, seconds=2.0)  # every call on GPU 2, for 2 s of real time
     stuck = Call(lambda: power(2))
     assert fake.wait_blocked(gpu=2)[0].function == POWER
     assert stuck.returned() == expected  # never released
     assert Call(lambda: power(2)).returned() == expected  # the rule has expired for good
     assert me(fake) == []
+
+
+def test_a_hung_gpu_hangs_its_mig_devices_too(make_fake: Callable[[str], FakeNvml]) -> None:
+    fake = make_fake("hgx-a100-mig")  # GPUs 6 and 7 in MIG mode
+    mig6, mig7 = (nv.nvmlDeviceGetMigDeviceHandleByIndex(h(i), 0) for i in (6, 7))
+    fake.hang_call("nvmlDeviceGetMemoryInfo", gpu=6)
+    stuck = Call(lambda: nv.nvmlDeviceGetMemoryInfo(mig6).total)
+    assert fake.wait_blocked(function="nvmlDeviceGetMemoryInfo")[0].gpu == 6
+    assert Call(lambda: nv.nvmlDeviceGetMemoryInfo(mig7).total).returned() > 0
+    fake.release_calls()
+    assert stuck.returned() == nv.nvmlDeviceGetMemoryInfo(mig6).total
 
 
 def test_release_removes_only_the_matching_rules(fake: FakeNvml) -> None:
