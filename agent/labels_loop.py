@@ -1,6 +1,12 @@
 """Keeps the node's labels true: recomputed every `--labels-interval` seconds and within a
 second of a GPU being lost or coming back (the sampler notices without an NVML call).
 
+Labels hold through faults (agent/labels_hold.py): a GPU collector that fails keeps the
+labels last published, read back from the Node (or NodeFeature, or features file) after a
+restart, with `gpu.healthy` 0; only an absence confirmed for `--labels-absence-grace`
+seconds withdraws them. Every key and value is validated before a write: one that is not a
+valid Kubernetes label is dropped (and logged once), the rest are published.
+
 Publishing failures (no API server, RBAC) are logged once per change and retried on the
 next round; they never touch the metrics path.
 """
@@ -13,26 +19,46 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from gpuscope.agent.clock import Clock, SystemClock
 from gpuscope.agent.config import Config
 from gpuscope.agent.gpu.collector import GPU
 from gpuscope.agent.gpu.records import GpuSnapshot
 from gpuscope.agent.gpu.source import GpuSource
+from gpuscope.agent.labels_hold import AbsenceClock, Decision, Reading, classify, decide
 from gpuscope.agent.placement import network_placement
 from gpuscope.agent.sources import SourceRunner
 from gpuscope.exporters.labels.gpu import gpu_labels, topology_annotation
 from gpuscope.exporters.labels.publish import (
     NodeFeaturePublisher,
     NodePublisher,
+    Published,
+    read_features_file,
     write_features_file,
 )
+from gpuscope.exporters.labels.validation import validate
 
 log = logging.getLogger("gpuscope.labels")
 
 Publish = Callable[[Mapping[str, str], Mapping[str, str], GpuSnapshot | None], bool]
+Recall = Callable[[], Published | None]
 
 
-def make_publisher(config: Config) -> Publish | None:
-    """The publishing function for --labels-mode; None for `none`."""
+class Publisher:
+    """A `Publish` function for one --labels-mode that can also read back what it published
+    last (`recall`), so that a restarted agent knows which labels to hold."""
+
+    def __init__(self, publish: Publish, recall: Recall) -> None:
+        self._publish = publish
+        self.recall = recall
+
+    def __call__(
+        self, labels: Mapping[str, str], annotations: Mapping[str, str], snap: GpuSnapshot | None
+    ) -> bool:
+        return self._publish(labels, annotations, snap)
+
+
+def make_publisher(config: Config) -> Publisher | None:
+    """The publisher for --labels-mode; None for `none`."""
     mode = config.labels.labels_mode
     if mode == "none":
         return None
@@ -42,7 +68,7 @@ def make_publisher(config: Config) -> Publish | None:
         def to_file(labels: Mapping[str, str], _a: Mapping[str, str], _s: Any) -> bool:
             return write_features_file(directory, labels)
 
-        return to_file
+        return Publisher(to_file, lambda: read_features_file(directory))
 
     # Built on first use, not here: without API access yet, the failure belongs to a round.
     made: list[Any] = []
@@ -67,20 +93,45 @@ def make_publisher(config: Config) -> Publish | None:
             return bool(publisher().publish(labels, annotations))
         return bool(publisher().publish(labels, snap))
 
-    return to_api
+    def recall() -> Published | None:
+        published: Published | None = publisher().published()
+        return published
+
+    return Publisher(to_api, recall)
 
 
 class LabelsLoop:
+    """The labels thread. `publish` writes a label set; `recall` (by default the
+    publisher's own, see `Publisher`) reads back the last one after a restart; `clock`
+    times the absence grace."""
+
     def __init__(
-        self, config: Config, runner: SourceRunner, gpu: GpuSource | None, publish: Publish
+        self,
+        config: Config,
+        runner: SourceRunner,
+        gpu: GpuSource | None,
+        publish: Publish,
+        *,
+        recall: Recall | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self._config = config
         self._runner = runner
         self._gpu = gpu
         self._publish = publish
+        if recall is None and isinstance(publish, Publisher):
+            recall = publish.recall
+        self._recall = recall
+        self._clock = clock or SystemClock()
+        self._absence = AbsenceClock(config.labels.labels_absence_grace)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_error: str | None = None
+        self._last: Published | None = None  # what the last successful round published
+        self._recalled = False
+        self._holding = False
+        self._round_at: float | None = None  # when the last round ran, on `clock`
+        self._dropped: set[str] = set()  # keys already logged as invalid
         self.rounds = 0
 
     def start(self) -> None:
@@ -95,17 +146,16 @@ class LabelsLoop:
     def run_once(self) -> None:
         self._refresh_fabric()
         collection = self._runner.collect(only=(GPU.name,))  # the labels need nothing else
+        result = collection.result(GPU)
         snap = collection.records(GPU)
-        placement = network_placement(self._config.agent.sysfs, snap)
-        prefix = self._config.labels.label_prefix
-        labels = gpu_labels(snap, prefix, network=placement)
-        annotations = (
-            {f"{prefix}topology": topology_annotation(snap, placement)}
-            if snap is not None and snap.gpus
-            else {}
-        )
+        reading = classify(result)
+        self._round_at = self._clock.monotonic()
+        confirmed = self._absence.observe(reading, self._round_at)
         try:
-            changed = self._publish(labels, annotations, snap)
+            decision = self._decide(reading, confirmed, snap)
+            published = self._validated(decision)
+            records = self._snap(snap, decision)
+            changed = self._publish(published.labels, published.annotations, records)
         except Exception as exc:  # noqa: BLE001 - publishing must never stop the agent
             message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             if message != self._last_error:
@@ -115,9 +165,82 @@ class LabelsLoop:
         if self._last_error is not None:
             log.info("publishing node labels recovered")
         self._last_error = None
+        self._last = published
         self.rounds += 1
+        self._log_hold(decision, reading, result.error if result is not None else None)
         if changed:
             log.info("node labels published (%s)", self._config.labels.labels_mode)
+
+    def _decide(self, reading: Reading, confirmed: bool, snap: GpuSnapshot | None) -> Decision:
+        placement = network_placement(self._config.agent.sysfs, snap)
+        prefix = self._config.labels.label_prefix
+        labels = gpu_labels(snap, prefix, network=placement)
+        annotations = (
+            {f"{prefix}topology": topology_annotation(snap, placement)}
+            if snap is not None and snap.gpus
+            else {}
+        )
+        last = self._last_published() if reading is not Reading.READ else self._last
+        return decide(
+            reading,
+            confirmed,
+            last.labels if last is not None else None,
+            last.annotations if last is not None else None,
+            labels,
+            annotations,
+            prefix,
+        )
+
+    def _last_published(self) -> Published | None:
+        """What this agent published last; before its first round, what is where it publishes
+        (read once: an agent restarted while the GPUs cannot be read holds those)."""
+        if self._last is None and not self._recalled and self._recall is not None:
+            self._last = self._recall()  # raises: this round fails, the next one reads again
+        self._recalled = True
+        return self._last
+
+    @staticmethod
+    def _snap(snap: GpuSnapshot | None, decision: Decision) -> GpuSnapshot | None:
+        """The records the publisher gets: an empty snapshot when absence is confirmed (no
+        GPUs, so no per-GPU NodeFeature instances either), None while GPUs cannot be read."""
+        if decision.withdrawn and snap is None:
+            return GpuSnapshot(driver_version="", cuda_driver_version="", nvml_version="", gpus=())
+        return snap
+
+    def _validated(self, decision: Decision) -> Published:
+        """Drop every key or value the API would refuse (it refuses the whole patch for
+        one), logging each key once."""
+        checked = validate(decision.labels, decision.annotations)
+        for key, why in checked.dropped.items():
+            if key not in self._dropped:
+                self._dropped.add(key)
+                value = {**decision.labels, **decision.annotations}[key]
+                log.error("not publishing node label %s=%.80r: %s", key, value, why)
+        return Published(checked.labels, checked.annotations)
+
+    def _log_hold(self, decision: Decision, reading: Reading, error: str | None) -> None:
+        """One line when labels start being held, one when they are withdrawn, one when the
+        GPUs are back."""
+        if decision.holding and not self._holding:
+            grace = self._config.labels.labels_absence_grace
+            why = error or "some GPUs do not answer"
+            until = (
+                f"; withdrawn if still absent after {grace:g} s"
+                if reading is Reading.ABSENT
+                else ""
+            )
+            log.warning(
+                "holding the %d node labels last published (gpu.healthy follows the GPUs): %s%s",
+                len(decision.labels), why, until,
+            )  # fmt: skip
+        elif decision.withdrawn:
+            log.warning(
+                "GPUs confirmed absent for %g s: node labels withdrawn (gpu.present=false)",
+                self._config.labels.labels_absence_grace,
+            )
+        elif self._holding and not decision.holding and not decision.withdrawn:
+            log.info("GPUs readable again: node labels follow them")
+        self._holding = decision.holding
 
     def _refresh_fabric(self) -> None:
         """The GPUs' fabric registration can complete (or degrade) after start: read it
@@ -133,6 +256,13 @@ class LabelsLoop:
         sampler = self._gpu.sampler if self._gpu is not None else None
         return sampler.lost() if sampler is not None else frozenset()
 
+    def _absence_due(self) -> bool:
+        """An absence reaches its grace between rounds: withdraw then, not a round later."""
+        deadline = self._absence.deadline()
+        if deadline is None or self._round_at is None or self._round_at >= deadline:
+            return False
+        return self._clock.monotonic() >= deadline
+
     def _run(self) -> None:
         interval = self._config.labels.labels_interval
         lost = self._lost()
@@ -141,6 +271,6 @@ class LabelsLoop:
         while not self._stop.wait(1.0):
             waited += 1.0
             now_lost = self._lost()
-            if now_lost != lost or waited >= interval:
+            if now_lost != lost or waited >= interval or self._absence_due():
                 lost, waited = now_lost, 0.0
                 self.run_once()

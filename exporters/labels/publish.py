@@ -5,6 +5,9 @@ annotation, so a key it stops emitting is removed on the next publish while labe
 annotations of anyone else are never in a patch at all. It patches only when something
 changed, with the Node's resourceVersion, and retries on conflict. File mode writes NFD's
 `features.d` format atomically (a dotfile, then rename), so NFD never reads half a file.
+
+Each mode can also read back what it last published (`published()`, `read_features_file`):
+after a restart that is what the labels loop holds while the GPUs cannot be read.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import logging
 import os
 import tempfile
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +27,14 @@ OWNED = "owned-labels"  # annotation (under the prefix) listing the keys the age
 
 class PublishError(Exception):
     """Publishing failed; the message is one line."""
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """The agent's own labels and annotations as they stand where it publishes them."""
+
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str] = field(default_factory=dict)
 
 
 def node_patch(
@@ -111,6 +123,36 @@ class NodePublisher:
         """Remove every key the agent owns (uninstall): nothing is left half-written."""
         return self.publish({}, {})
 
+    def published(self) -> Published | None:
+        """The keys the owned-labels annotation lists, with their values on the Node now;
+        None if the agent never published there (or its keys were removed)."""
+        from lightkube import ApiError
+        from lightkube.resources.core_v1 import Node
+
+        try:
+            meta = self._client.get(Node, name=self._node).metadata
+        except ApiError as exc:
+            raise PublishError(
+                f"reading node {self._node}: {exc.status.code} {exc.status.message}"
+            ) from exc
+        except Exception as exc:  # transport errors: one line for the log
+            raise PublishError(f"reading node {self._node}: {exc}") from exc
+        return owned_keys(meta.labels or {}, meta.annotations or {}, self._prefix)
+
+
+def owned_keys(
+    labels: Mapping[str, str], annotations: Mapping[str, str], prefix: str
+) -> Published | None:
+    """What the owned-labels annotation says the agent wrote, as it is on the object."""
+    owned_key = f"{prefix}{OWNED}"
+    owned = {k for k in annotations.get(owned_key, "").split(",") if k.startswith(prefix)}
+    if not owned:
+        return None
+    return Published(
+        labels={k: labels[k] for k in sorted(owned) if k in labels},
+        annotations={k: annotations[k] for k in sorted(owned) if k in annotations},
+    )
+
 
 def features_file_text(labels: Mapping[str, str]) -> str:
     """NFD's local feature file: one `name=value` per line (NFD keeps prefixed names as is)."""
@@ -120,6 +162,21 @@ def features_file_text(labels: Mapping[str, str]) -> str:
         + "\n".join(lines)
         + "\n"
     )
+
+
+def read_features_file(directory: Path, name: str = "gpuscope") -> Published | None:
+    """The labels a features file holds; None if there is none (or it cannot be read: then
+    there is nothing to hold, and the next write says why)."""
+    try:
+        text = (directory / name).read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+    labels = {}
+    for line in text.splitlines():
+        key, equals, value = line.strip().partition("=")
+        if equals and key and not key.startswith("#"):
+            labels[key] = value
+    return Published(labels=labels)
 
 
 def write_features_file(directory: Path, labels: Mapping[str, str], name: str = "gpuscope") -> bool:
@@ -192,10 +249,13 @@ class NodeFeaturePublisher:
         self.name = f"gpuscope-{node_name}"
 
     def publish(self, labels: Mapping[str, str], snapshot: Any = None) -> bool:
+        """Create or update the object; True if it was written. `snapshot` None means the
+        GPUs could not be read: the per-GPU features already there are kept, not emptied
+        (an empty snapshot is what says there are no GPUs)."""
         from lightkube import ApiError
         from lightkube.types import PatchType
 
-        spec = {
+        spec: dict[str, Any] = {
             "labels": dict(labels),
             "features": {
                 "flags": {},
@@ -211,6 +271,8 @@ class NodeFeaturePublisher:
                     raise
                 self._client.create(self._kind(metadata=self._metadata(), spec=spec))
                 return True
+            if snapshot is None and (current.spec or {}).get("features"):
+                spec["features"] = (current.spec or {})["features"]
             if dict(current.spec or {}) == spec:
                 return False
             body = {"metadata": {"resourceVersion": current.metadata.resourceVersion}, "spec": spec}
@@ -222,6 +284,21 @@ class NodeFeaturePublisher:
             raise PublishError(
                 f"NodeFeature {self._namespace}/{self.name}: {exc.status.code} {exc.status.message}"
             ) from exc
+
+    def published(self) -> Published | None:
+        """The labels of this node's NodeFeature object; None if there is none."""
+        from lightkube import ApiError
+
+        try:
+            current = self._client.get(self._kind, self.name, namespace=self._namespace)
+        except ApiError as exc:
+            if exc.status.code == 404:
+                return None
+            raise PublishError(
+                f"NodeFeature {self._namespace}/{self.name}: {exc.status.code} {exc.status.message}"
+            ) from exc
+        labels = (current.spec or {}).get("labels") or {}
+        return Published(labels={str(k): str(v) for k, v in labels.items()}) if labels else None
 
     def _metadata(self) -> Any:
         from lightkube.models.meta_v1 import ObjectMeta, OwnerReference

@@ -1,6 +1,7 @@
 """Publishing labels: the Node patch touches only the agent's keys, removes the ones it no
 longer emits, patches only on change and survives conflicts (against the API server double
-through lightkube); the NFD feature file is written atomically."""
+through lightkube); the NFD feature file is written atomically; what was published reads
+back after a restart."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from lightkube import Client
 
 from gpuscope.exporters.labels.publish import (
     NodePublisher,
+    Published,
     PublishError,
     node_patch,
+    read_features_file,
     write_features_file,
 )
 from tests.doubles.kube_apiserver import KubeApiServer
@@ -106,3 +109,28 @@ def test_features_file_is_written_atomically_and_only_on_change(tmp_path: Path) 
     assert write_features_file(directory, {f"{P}gpu.count": "4"}) is True
     assert path.stat().st_ino != before  # replaced by rename, never rewritten in place
     assert sorted(os.listdir(directory)) == ["gpuscope"]  # no dotfile left behind
+
+
+def test_node_mode_reads_back_only_the_keys_it_owns(api: tuple[KubeApiServer, Client]) -> None:
+    _, client = api
+    pub = NodePublisher(client, "gpu-node-1", P)
+    assert pub.published() is None  # never published here: nothing to hold after a restart
+    labels = {f"{P}gpu.count": "8", f"{P}gpu.present": "true"}
+    pub.publish(labels, {f"{P}topology": '{"v":1}'})
+    again = NodePublisher(client, "gpu-node-1", P).published()  # a restarted agent
+    assert again == Published(labels, {f"{P}topology": '{"v":1}'})
+    pub.remove()
+    assert pub.published() is None
+
+
+def test_reading_back_a_missing_node_is_one_line(api: tuple[KubeApiServer, Client]) -> None:
+    _, client = api
+    with pytest.raises(PublishError, match=r"^reading node nowhere: 404"):
+        NodePublisher(client, "nowhere", P).published()
+
+
+def test_features_file_reads_back_what_was_written(tmp_path: Path) -> None:
+    labels = {f"{P}gpu.count": "8", f"{P}gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    assert read_features_file(tmp_path) is None
+    write_features_file(tmp_path, labels)
+    assert read_features_file(tmp_path) == Published(labels)
