@@ -32,6 +32,8 @@ from gpuscope.agent.k8s.workloads import DEFAULT_ORDER, resolve
 
 log = logging.getLogger("gpuscope.k8s.pods")
 
+SHORT_WATCH = 1.0  # seconds: a watch that ends sooner with no event is a failure (client-go)
+
 
 def pod_meta(obj: Mapping[str, Any], order: Sequence[str] = DEFAULT_ORDER) -> PodMeta:
     meta = obj.get("metadata") or {}
@@ -159,6 +161,7 @@ class PodWatcher:
 
         while not self._stop.is_set():
             server_timeout = int(self._watch_timeout * (1 + random.random()))
+            began, events = self._monotonic(), 0
             try:
                 for op, obj in watch_once(
                     client,
@@ -172,6 +175,7 @@ class PodWatcher:
                     if self._stop.is_set():
                         return
                     self.alive_at = self._monotonic()
+                    events += 1
                     rv = str(obj.metadata.resourceVersion or rv)
                     if op == "BOOKMARK":
                         continue  # nothing changed up to rv: only proof of life
@@ -188,7 +192,11 @@ class PodWatcher:
                     log.debug("pod watch expired (410 Gone): relisting")
                     return
                 raise
-            # The server ended the watch (its timeout): resume from the last version seen.
+            # The server ended the watch (its timeout): resume from the last version seen,
+            # unless it ended at once with nothing (a proxy cutting every stream, say): then
+            # fail, to relist after a backoff rather than reconnect in a busy loop.
+            if events == 0 and self._monotonic() - began < SHORT_WATCH:
+                raise RuntimeError("the API server ended the pod watch at once, sending nothing")
 
 
 def _close(client: Any) -> None:

@@ -198,3 +198,19 @@ def test_a_watch_ended_by_the_server_resumes_without_a_relist(make_source: MakeS
     assert int(second.query["resourceVersion"]) >= int(
         server.calls("watch", "pods")[0].query["resourceVersion"]
     )
+
+
+def test_watches_cut_at_once_back_off_instead_of_spinning(make_source: MakeSource) -> None:
+    server, source = make_source(read_timeout=10.0)
+    server.max_watch_seconds = 0.01  # a proxy that ends every stream at once
+    source.start()
+    time.sleep(1.5)
+    # A busy loop would have opened hundreds; the backoff (0.05 s doubling to 0.2 s here,
+    # 1 s to 30 s by default) allows a handful.
+    assert len(server.calls("watch", "pods")) <= 12
+    assert (
+        source.watcher.error is not None and "ended the pod watch at once" in source.watcher.error
+    )
+    server.max_watch_seconds = None
+    server.add_pod("ml", "bert-0", node=NODE)
+    wait_for(lambda: source.watcher.error is None and len(source.watcher.pods()) == 1)
