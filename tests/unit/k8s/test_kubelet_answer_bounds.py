@@ -121,7 +121,7 @@ def test_an_oversized_answer_costs_almost_no_memory(kubelet: KubeletServer) -> N
     kubelet.set_pods(*dense_pods(2))
     child = Child(kubelet)
     baseline = child.poll()
-    pods = dense_pods(5000)  # 7.6 MB: accepted, it took the peak up by about 80 MB
+    pods = dense_pods(5000)  # 7.6 MB: accepted, it takes the peak up by about 50 MB
     assert answer_bytes(pods) > MAX_ANSWER_BYTES
     kubelet.set_pods(*pods)
     refused = child.poll()
