@@ -92,6 +92,13 @@ class Nvml:
         self._lock = threading.Lock()
         self.errors: Counter[tuple[str, str]] = Counter()
         self._field_requests: dict[tuple[tuple[int, int], ...], Any] = {}
+        # The NVML function each thread is in now, by thread id: a GPU's gate names the call
+        # its worker is blocked in (agent/gpu/gate.py). Two dict operations per call.
+        self._current: dict[int, str] = {}
+
+    def current_call(self, thread_id: int) -> str | None:
+        """The NVML function thread `thread_id` is in now, or None between calls."""
+        return self._current.get(thread_id)
 
     @property
     def initialized(self) -> bool:
@@ -161,7 +168,12 @@ class Nvml:
             fn = lib._nvmlGetFunctionPointer(function)
         except lib.NVMLError as exc:
             return int(exc.value)
-        code = int(fn(*args))
+        ident = threading.get_ident()
+        self._current[ident] = function
+        try:
+            code = int(fn(*args))
+        finally:
+            self._current.pop(ident, None)
         if code in _LOST:
             raise GpuLost(f"{function}: error {code}")
         if code not in (0, *_QUIET, ARGUMENT_VERSION_MISMATCH) and code not in expected:
@@ -182,6 +194,8 @@ class Nvml:
         fn = getattr(lib, function, None)
         if fn is None:  # older bindings: the wrapper does not exist
             raise _Failed(FUNCTION_NOT_FOUND, f"not in pynvml {_bindings_version(lib)}")
+        ident = threading.get_ident()
+        self._current[ident] = function
         try:
             return fn(*args)
         except lib.NVMLError as exc:
@@ -189,6 +203,8 @@ class Nvml:
         except getattr(lib, "NVMLLibraryMismatchError", _Failed) as exc:
             # An unversioned wrapper over a versioned symbol the driver lacks (pynvml >= 11.510)
             raise _Failed(FUNCTION_NOT_FOUND, str(exc)) from exc
+        finally:
+            self._current.pop(ident, None)
 
     def _absent(self, function: str, failed: _Failed, absent: frozenset[int]) -> None:
         """A failed optional call: quiet when expected, `GpuLost` when lost, else counted."""
@@ -242,7 +258,13 @@ class Nvml:
         values = type(template)()
         ctypes.memmove(values, template, ctypes.sizeof(template))
         fn = lib._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")
-        lib._nvmlCheckReturn(fn(handle, ctypes.c_int32(len(request)), ctypes.byref(values)))
+        ident = threading.get_ident()
+        self._current[ident] = "nvmlDeviceGetFieldValues"
+        try:
+            code = fn(handle, ctypes.c_int32(len(request)), ctypes.byref(values))
+        finally:
+            self._current.pop(ident, None)
+        lib._nvmlCheckReturn(code)
         return values
 
     def _record(self, function: str, code: int, message: str) -> None:

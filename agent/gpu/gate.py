@@ -1,0 +1,350 @@
+"""Per-GPU call gates: whatever one GPU's driver does, it holds one thread and its own
+readings, never the scrape, the sampler or the other GPUs.
+
+NVML has no timeouts. A call into a GPU whose firmware stopped answering (XID 119, "GSP RPC
+timeout": the driver itself waits 45 s per RPC) blocks in the kernel, and a thread blocked
+there cannot be interrupted or abandoned cheaply. So every piece of per-GPU NVML work runs
+on that GPU's own worker thread (one per GPU, created on first use, never a second), one
+unit at a time, and the caller waits for it up to a deadline:
+
+* done within the deadline: the caller gets the value (or the exception it raised);
+* not done: the GPU is *stuck* since the unit began. The caller gets `Blocked` and moves
+  on; nothing more is queued for that GPU, and later callers get `Blocked` at once without
+  waiting, so a hang costs one thread and one deadline, however many scrapes and ticks
+  come. When the blocked call returns, its late result is dropped (it describes a moment
+  long past) and the next caller is served normally. One log line each way.
+
+After a fatal XID (`xid.FATAL_XIDS`) a gate is *fenced*: it runs no work at all but one
+cheap probe at a time, with a backoff on the agent's clock (10 s doubling to 5 min), as
+DCGM stops calling a GPU after XID 119. A probe answered within the deadline lifts the
+fence: after a GPU reset the driver answers again, and the agent cannot otherwise tell.
+
+Deadlines are measured on the real monotonic clock (a hang is real time); the stuck time
+that is exported and the probe schedule are on the agent's clock, so tests can move them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+from gpuscope.agent.clock import Clock
+from gpuscope.agent.gpu.device import Device
+from gpuscope.agent.gpu.nvml import Nvml
+
+log = logging.getLogger("gpuscope.gpu")
+
+T = TypeVar("T")
+
+DEFAULT_DEADLINE = 2.0  # seconds a caller waits for one GPU's unit of work (--gpu-read-deadline)
+PROBE_FIRST = 10.0  # seconds from a fatal XID to the first probe of the fenced GPU ...
+PROBE_MAX = 300.0  # ... doubling up to this between probes
+CLOSE_WAIT = 2.0  # seconds `close` waits for a busy worker before leaving it behind
+
+
+@dataclass(frozen=True, slots=True)
+class Blocked:
+    """Why a GPU's work did not run, or did not finish within the deadline."""
+
+    stuck_seconds: float | None = None  # how long its outstanding call has run, if stuck
+    function: str = ""  # the NVML function that call is in, where known
+    fenced_xid: int | None = None  # the fatal XID after which the agent stopped calling it
+
+
+class Job(Generic[T]):
+    """One unit of work handed to a gate; `wait` collects its result."""
+
+    __slots__ = ("_done", "_error", "_fn", "_gate", "_probe", "_value")
+
+    def __init__(self, gate: Gate, fn: Callable[[], T], *, probe: bool = False) -> None:
+        self._gate = gate
+        self._fn = fn
+        self._probe = probe
+        self._done = threading.Event()
+        self._value: T | None = None
+        self._error: Exception | None = None
+
+    def run(self) -> None:
+        try:
+            self._value = self._fn()
+        except Exception as exc:  # noqa: BLE001 - handed to the caller, raised there
+            self._error = exc
+        finally:
+            self._done.set()
+
+    def wait(self, deadline_at: float) -> T | Blocked:
+        """The result (raising what the work raised), or `Blocked` if it is not done by
+        `deadline_at` (time.monotonic())."""
+        if not self._done.wait(max(0.0, deadline_at - time.monotonic())):
+            blocked = self._gate._overdue(self)
+            if blocked is not None:
+                return blocked
+        if self._probe:
+            self._gate._probe_answered(self._error is None and bool(self._value))
+        if self._error is not None:
+            raise self._error
+        return self._value  # type: ignore[return-value]  # set: the work returned
+
+
+class Gate:
+    """One GPU's worker thread and its stuck / fenced state (see the module docstring)."""
+
+    def __init__(self, index: int, uuid: str, nvml: Nvml, clock: Clock) -> None:
+        self.index = index
+        self.uuid = uuid
+        self._nvml = nvml
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._job: Job[Any] | None = None  # outstanding: queued or running
+        self._queued: Job[Any] | None = None  # handed over, not yet taken by the worker
+        self._began = 0.0  # time.monotonic() the outstanding job was handed over
+        self._began_clock = 0.0  # the same moment on the agent's clock
+        self._stuck = False
+        self._thread: threading.Thread | None = None
+        self._worker_id: int | None = None
+        self._closed = False
+        self._fenced_xid: int | None = None
+        self._probe_at = 0.0
+        self._backoff = PROBE_FIRST
+
+    @property
+    def name(self) -> str:
+        return f"GPU {self.index} ({self.uuid or 'not yet identified'})"
+
+    @property
+    def fenced_xid(self) -> int | None:
+        return self._fenced_xid
+
+    def blocked(self) -> Blocked | None:
+        """The gate's state now, without waiting: `Blocked` if stuck or fenced."""
+        with self._cond:
+            if self._stuck or self._fenced_xid is not None:
+                return self._blocked()
+            return None
+
+    def busy(self) -> bool:
+        with self._cond:
+            return self._job is not None
+
+    def begin(self, fn: Callable[[], T], deadline_at: float) -> Job[T] | Blocked:
+        """Hand `fn` to the worker, waiting up to `deadline_at` for a short unit another
+        caller has in flight; `Blocked` if the GPU is stuck or fenced. Called on the
+        worker itself (work that needs more work on its own GPU), `fn` runs inline."""
+        if threading.get_ident() == self._worker_id:
+            job = Job(self, fn)
+            job.run()
+            return job
+        with self._cond:
+            if self._fenced_xid is not None:
+                return self._blocked()
+            return self._hand_over(Job(self, fn), deadline_at)
+
+    def begin_probe(self, fn: Callable[[], bool], deadline_at: float) -> Job[bool] | Blocked | None:
+        """On a fenced gate whose probe is due: hand the probe `fn` (True: the GPU
+        answered) to the worker and schedule the next one. None when no probe is due."""
+        with self._cond:
+            if self._fenced_xid is None or self._clock.monotonic() < self._probe_at:
+                return None
+            self._schedule_probe()
+            return self._hand_over(Job(self, fn, probe=True), deadline_at)
+
+    def fence(self, xid: int) -> None:
+        """Stop calling this GPU after fatal XID `xid`, but for probes (see begin_probe)."""
+        with self._cond:
+            if self._fenced_xid is not None:
+                return
+            self._fenced_xid = xid
+            self._backoff = PROBE_FIRST
+            self._schedule_probe()
+        log.warning(
+            "%s: XID %d is fatal: no more NVML calls to it, but a probe every %g s to %g s "
+            "until it answers",
+            self.name,
+            xid,
+            PROBE_FIRST,
+            PROBE_MAX,
+        )
+
+    def close(self) -> None:
+        """Let the worker exit once idle (a worker blocked in the driver exits when its call
+        returns; it is a daemon thread, so it never holds the process)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def wait_idle(self, timeout: float) -> bool:
+        deadline_at = time.monotonic() + timeout
+        with self._cond:
+            while self._job is not None:
+                remaining = deadline_at - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+            return True
+
+    # --- under the lock ---------------------------------------------------------------------
+
+    def _hand_over(self, job: Job[T], deadline_at: float) -> Job[T] | Blocked:
+        while self._job is not None and not self._stuck:
+            remaining = deadline_at - time.monotonic()
+            if remaining <= 0:
+                self._mark_stuck()
+                break
+            self._cond.wait(remaining)
+        if self._job is not None:
+            return self._blocked()
+        self._job = self._queued = job
+        self._began = time.monotonic()
+        self._began_clock = self._clock.monotonic()
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._work, name=f"gpu-{self.index}", daemon=True
+            )
+            self._thread.start()
+        self._cond.notify_all()
+        return job
+
+    def _schedule_probe(self) -> None:
+        """The next probe one backoff from now; the backoff doubles (10, 20, 40 ... 300 s)."""
+        self._probe_at = self._clock.monotonic() + self._backoff
+        self._backoff = min(2 * self._backoff, PROBE_MAX)
+
+    def _blocked(self) -> Blocked:
+        stuck = self._stuck
+        function = ""
+        if stuck and self._worker_id is not None:
+            function = self._nvml.current_call(self._worker_id) or ""
+        return Blocked(
+            stuck_seconds=max(0.0, self._clock.monotonic() - self._began_clock) if stuck else None,
+            function=function,
+            fenced_xid=self._fenced_xid,
+        )
+
+    def _mark_stuck(self) -> None:
+        if self._stuck:
+            return
+        self._stuck = True
+        function = self._nvml.current_call(self._worker_id) if self._worker_id else None
+        log.warning(
+            "%s stuck in %s for %.1f s: reported down, and not called again, until it answers",
+            self.name,
+            function or "(no NVML call)",
+            time.monotonic() - self._began,
+        )
+
+    # --- called by Job ----------------------------------------------------------------------
+
+    def _overdue(self, job: Job[Any]) -> Blocked | None:
+        """A caller's deadline passed: the GPU is stuck, unless the job just finished."""
+        with self._cond:
+            if self._job is not job:
+                return None
+            self._mark_stuck()
+            return self._blocked()
+
+    def _probe_answered(self, answered: bool) -> None:
+        if not answered:
+            log.debug("%s: probe not answered; fenced still", self.name)
+            return
+        with self._cond:
+            xid, self._fenced_xid = self._fenced_xid, None
+        if xid is not None:
+            log.warning("%s answers a probe after XID %d: calling it again", self.name, xid)
+
+    # --- the worker -------------------------------------------------------------------------
+
+    def _work(self) -> None:
+        self._worker_id = threading.get_ident()
+        while True:
+            with self._cond:
+                while self._queued is None and not self._closed:
+                    self._cond.wait()
+                job, self._queued = self._queued, None
+            if job is None:  # closed and idle
+                return
+            job.run()
+            with self._cond:
+                self._job = None
+                if self._stuck:
+                    self._stuck = False
+                    fenced = self._fenced_xid
+                    log.warning(
+                        "%s answers again after %.0f s%s",
+                        self.name,
+                        time.monotonic() - self._began,
+                        f" (fenced still, after XID {fenced})" if fenced is not None else "",
+                    )
+                self._cond.notify_all()
+
+
+class RunOnGpu(Protocol):
+    """Runs one unit of work for one GPU and waits for it: its value, or `Blocked`."""
+
+    def __call__(self, device: Device, fn: Callable[[], T], /) -> T | Blocked: ...
+
+
+def direct(device: Device, fn: Callable[[], T], /) -> T | Blocked:
+    """A `RunOnGpu` with no gate: the work runs on the calling thread (the default for
+    callers that bring no gates, e.g. scripts reading one GPU at a time)."""
+    return fn()
+
+
+class GpuGates:
+    """The gates of one NVML session, one per GPU index (stable while the driver is
+    loaded; a GPU not yet identified has its gate too)."""
+
+    def __init__(self, nvml: Nvml, clock: Clock, deadline: float = DEFAULT_DEADLINE) -> None:
+        self._nvml = nvml
+        self._clock = clock
+        self.deadline = deadline
+        self._lock = threading.Lock()
+        self._gates: dict[int, Gate] = {}
+
+    def gate(self, index: int, uuid: str = "") -> Gate:
+        with self._lock:
+            gate = self._gates.get(index)
+            if gate is None:
+                gate = self._gates[index] = Gate(index, uuid, self._nvml, self._clock)
+            elif uuid and not gate.uuid:
+                gate.uuid = uuid
+            return gate
+
+    def of(self, device: Device) -> Gate:
+        return self.gate(device.identity.index, device.identity.uuid)
+
+    def deadline_at(self) -> float:
+        """A deadline (time.monotonic()) for work begun now."""
+        return time.monotonic() + self.deadline
+
+    def run(self, device: Device, fn: Callable[[], T], /) -> T | Blocked:
+        """A `RunOnGpu` through the device's gate, with a deadline of its own."""
+        deadline_at = self.deadline_at()
+        job = self.of(device).begin(fn, deadline_at)
+        return job if isinstance(job, Blocked) else job.wait(deadline_at)
+
+    def fence(self, uuid: str, xid: int) -> bool:
+        """Fence the GPU with this UUID (False if no gate knows it)."""
+        with self._lock:
+            gates = [g for g in self._gates.values() if g.uuid == uuid]
+        for gate in gates:
+            gate.fence(xid)
+        return bool(gates)
+
+    def threads(self) -> int:
+        """Worker threads started (for tests and self-checks: at most one per GPU)."""
+        with self._lock:
+            return sum(g._thread is not None for g in self._gates.values())
+
+    def close(self, wait: float = CLOSE_WAIT) -> list[Gate]:
+        """Close every gate; return those still busy after waiting up to `wait` seconds."""
+        with self._lock:
+            gates = list(self._gates.values())
+        deadline_at = time.monotonic() + wait
+        busy = [g for g in gates if not g.wait_idle(max(0.0, deadline_at - time.monotonic()))]
+        for gate in gates:
+            gate.close()
+        return busy
