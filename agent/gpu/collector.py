@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from gpuscope.agent.collector import BuildContext, Collector
 from gpuscope.agent.gpu.records import GpuSnapshot
-from gpuscope.agent.options import flag
+from gpuscope.agent.options import flag, number
 from gpuscope.agent.sources import Source
 
 
@@ -24,6 +24,15 @@ class GpuOptions:
     )
     # Read by the renderer only: the source reads every link whatever this says.
     nvlink_per_link: bool = flag(False, "also export NVLink throughput per link (true/false)")
+    # All GPUs are read in parallel, so a collection takes at most about this long whatever
+    # one GPU does; keep it well below the agent's --collect-deadline.
+    gpu_read_deadline: float = flag(
+        2.0,
+        "seconds one GPU's NVML reads may take before that GPU is reported stuck (gpu_up 0) "
+        "and not called again until the blocked call returns",
+        parse=number,
+        check=lambda v: None if 0.05 <= v <= 60 else f"expected 0.05 to 60 seconds, got {v:g}",
+    )
 
 
 def _build(ctx: BuildContext[GpuOptions]) -> Source[GpuSnapshot]:
@@ -34,6 +43,7 @@ def _build(ctx: BuildContext[GpuOptions]) -> Source[GpuSnapshot]:
         idle_threshold=ctx.options.idle_threshold,
         sysfs=ctx.agent.sysfs,
         background=ctx.background,
+        read_deadline=ctx.options.gpu_read_deadline,
     )
     return GpuSource(config, clock=ctx.clock)
 

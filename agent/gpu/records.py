@@ -69,10 +69,18 @@ class GpuIntegrals:
 
 @dataclass(frozen=True, slots=True)
 class GpuReading:
-    """One GPU at one collection. Only `identity` and `up` are always present."""
+    """One GPU at one collection. Only `identity` and `up` are always present.
+
+    A GPU that is down says why where the agent knows: `stuck_seconds` while a call to it
+    has been blocked past the read deadline (`stuck_call` names the NVML function, where
+    known), `fenced_xid` after a fatal XID made the agent stop calling it (agent/gpu/gate.py).
+    Neither set and `up` False: NVML answered that the GPU is lost or needs a reset."""
 
     identity: GpuIdentity
     up: bool
+    stuck_seconds: float | None = None
+    stuck_call: str = ""
+    fenced_xid: int | None = None
     mig_mode: str | None = None
     utilization_ratio: float | None = None
     memory_utilization_ratio: float | None = None

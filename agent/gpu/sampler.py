@@ -21,12 +21,23 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from functools import partial
 from types import MappingProxyType
+from typing import Any
 
 from gpuscope.agent.clock import Clock
 from gpuscope.agent.gpu import fields
-from gpuscope.agent.gpu.device import Device
-from gpuscope.agent.gpu.nvml import NOT_FOUND, GpuLost, Nvml, union_value
+from gpuscope.agent.gpu.device import NVML_TEMPERATURE_GPU, Device
+from gpuscope.agent.gpu.gate import Blocked, GpuGates, Job
+from gpuscope.agent.gpu.nvml import (
+    FUNCTION_NOT_FOUND,
+    NOT_FOUND,
+    NOT_SUPPORTED,
+    GpuLost,
+    Nvml,
+    NvmlCallError,
+    union_value,
+)
 from gpuscope.agent.gpu.records import GpuIntegrals
 
 log = logging.getLogger("gpuscope.gpu.sampler")
@@ -176,8 +187,34 @@ class _GpuState:
     probed: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class _Caps:
+    """What one GPU can report, found on its first tick (see `_probe`)."""
+
+    util_mode: UtilMode
+    newest: tuple[int, float] | None  # the newest sample in NVML's ring at the first tick
+    integrate_pcie: bool  # no PCIe byte counters, but the throughput call
+    integrate_energy: bool  # no energy counter, but power
+
+
+@dataclass(frozen=True, slots=True)
+class _Sample:
+    """What one tick read from one GPU, in plain numbers: NVML work runs on the GPU's own
+    worker (agent/gpu/gate.py) and returns this; only the tick thread changes `_GpuState`."""
+
+    caps: _Caps | None  # on the GPU's first tick
+    samples: tuple[tuple[int, float], ...] | None  # None: no sample since the last tick
+    rate: float | None  # utilization %, where no sample was read (or no samples exist)
+    milliwatts: float | None
+
+
 class Sampler:
-    """Ticks every `interval` seconds on its own thread; `integrals()` is safe from any thread."""
+    """Ticks every `interval` seconds on its own thread; `integrals()` is safe from any thread.
+
+    Each GPU is read through its gate (`gates`), all GPUs at once: a GPU that does not
+    answer within the gates' deadline is skipped (its time is unsampled, as for any gap),
+    with no new work queued for it, and the others are integrated as ever. Fenced GPUs
+    (a fatal XID) get the gate's probe instead, when one is due."""
 
     def __init__(
         self,
@@ -187,12 +224,14 @@ class Sampler:
         *,
         interval: float = 1.0,
         idle_threshold: float = 0.0,
+        gates: GpuGates | None = None,
     ) -> None:
         self._nvml = nvml
         self._devices = list(devices)
         self._clock = clock
         self.interval = interval
         self._idle_threshold = idle_threshold
+        self._gates = gates if gates is not None else GpuGates(nvml, clock)
         self._states: dict[str, _GpuState] = {}
         self._published: Mapping[str, GpuIntegrals] = MappingProxyType({})
         self._lost: frozenset[str] = frozenset()
@@ -206,8 +245,9 @@ class Sampler:
             self._devices = list(devices)
 
     def lost(self) -> frozenset[str]:
-        """UUIDs of GPUs that stopped answering at the last tick: a cheap change signal for
-        consumers (node labels) that must react within a second, without an NVML call."""
+        """UUIDs of GPUs that stopped answering at the last tick (lost, stuck or fenced): a
+        cheap change signal for consumers (node labels) that must react within a second,
+        without an NVML call."""
         return self._lost
 
     def integrals(self) -> Mapping[str, GpuIntegrals]:
@@ -236,33 +276,67 @@ class Sampler:
                 next_at = now + self.interval
 
     def tick(self) -> None:
-        """Sample every GPU once and publish new integrals."""
+        """Sample every GPU once (in parallel, through the gates) and publish new integrals."""
         with self._tick_lock:
             now = self._clock.monotonic()
             wall = self._clock.time()
+            deadline_at = self._gates.deadline_at()
+            begun: list[tuple[Device, _GpuState, Job[_Sample] | Blocked]] = []
+            probes: list[Job[bool]] = []
+            for device in self._devices:
+                state = self._state(device.identity.uuid)
+                state.util.tick(now)
+                gate = self._gates.of(device)
+                probe = gate.begin_probe(partial(probe_gpu, self._nvml, device), deadline_at)
+                if isinstance(probe, Job):
+                    probes.append(probe)
+                begun.append((device, state, self._begin_sample(device, state, deadline_at)))
             published: dict[str, GpuIntegrals] = {}
             lost = set(self._lost)
-            for device in self._devices:
+            for device, state, job in begun:
                 uuid = device.identity.uuid
-                state = self._states.get(uuid)
-                if state is None:
-                    state = self._states[uuid] = _GpuState(
-                        util=UtilizationIntegrator(
-                            self._idle_threshold, max_rate_gap=max(1.0, 2 * self.interval)
-                        )
-                    )
-                state.util.tick(now)
                 try:
-                    self._sample(device, state, now, wall)
-                    lost.discard(uuid)
+                    got = job.wait(deadline_at) if isinstance(job, Job) else job
+                    if isinstance(got, Blocked):
+                        lost.add(uuid)  # the scrape says why; integrals keep their values
+                    else:
+                        self._apply(device, state, got, now, wall)
+                        lost.discard(uuid)
                 except GpuLost:
                     lost.add(uuid)  # the scrape reports it; integrals keep their last values
                 except Exception:
                     log.exception("sampling GPU %d failed", device.identity.index)
                 published[uuid] = _integrals(state)
+            for probe in probes:
+                probe.wait(deadline_at)  # an answered probe lifts the fence (gate.py)
             self._published = MappingProxyType(published)
             self._lost = frozenset(lost)
         self._pcie_step()
+
+    def _state(self, uuid: str) -> _GpuState:
+        state = self._states.get(uuid)
+        if state is None:
+            state = self._states[uuid] = _GpuState(
+                util=UtilizationIntegrator(
+                    self._idle_threshold, max_rate_gap=max(1.0, 2 * self.interval)
+                )
+            )
+        return state
+
+    def _begin_sample(
+        self, device: Device, state: _GpuState, deadline_at: float
+    ) -> Job[_Sample] | Blocked:
+        """Hand this tick's reads of one GPU to its gate, with what they depend on copied."""
+        work = partial(
+            _read_sample,
+            self._nvml,
+            device.handle,
+            probe=not state.probed,
+            util_mode=state.util_mode,
+            since_us=state.util.last_sample_us,
+            power=state.energy is not None,
+        )
+        return self._gates.of(device).begin(work, deadline_at)
 
     def _pcie_step(self) -> None:
         """Read one GPU's PCIe throughput, round-robin, outside the tick lock.
@@ -272,7 +346,8 @@ class Sampler:
         of 8 GPUs every tick under the lock held it for at least 320 ms a second. One GPU
         per tick reads each of N GPUs every N ticks; each reading (a 20 ms window) is held
         until that GPU's next, at most twice that long, so the counter is an estimate
-        from samples, unbiased but not exact (docs/metrics.md says so)."""
+        from samples, unbiased but not exact (docs/metrics.md says so). A GPU that does
+        not answer within the deadline loses its turn."""
         with self._tick_lock:
             due = [
                 (d, s)
@@ -284,12 +359,13 @@ class Sampler:
             self._pcie_next %= len(due)
             device, state = due[self._pcie_next]
             self._pcie_next += 1
-        nvml, h = self._nvml, device.handle
         try:
-            tx = nvml.query("nvmlDeviceGetPcieThroughput", h, NVML_PCIE_UTIL_TX_BYTES)
-            rx = nvml.query("nvmlDeviceGetPcieThroughput", h, NVML_PCIE_UTIL_RX_BYTES)
+            got = self._gates.run(device, partial(_read_pcie, self._nvml, device.handle))
         except GpuLost:
             return
+        if isinstance(got, Blocked):
+            return
+        tx, rx = got
         now = self._clock.monotonic()
         with self._tick_lock:
             if state.pcie_tx is not None and tx is not None:
@@ -300,104 +376,158 @@ class Sampler:
             if uuid in self._published:  # publish now, not a tick later
                 self._published = MappingProxyType({**self._published, uuid: _integrals(state)})
 
-    def _sample(self, device: Device, state: _GpuState, now: float, wall: float) -> None:
-        nvml, h = self._nvml, device.handle
-        if not state.probed:
-            self._probe(device, state)
-            state.probed = True
-
-        if state.util_mode is UtilMode.SAMPLES:
-            got = nvml.query(
-                "nvmlDeviceGetSamples",
-                h,
-                NVML_GPU_UTILIZATION_SAMPLES,
-                state.util.last_sample_us,
-                absent=frozenset({NOT_FOUND}),
-            )
-            if got is not None:
-                value_type, samples = got
-                dropped = state.util.dropped_samples
-                state.util.add_samples(
-                    (int(s.timeStamp), float(union_value(value_type, s.sampleValue)))
-                    for s in samples
+    def _apply(
+        self, device: Device, state: _GpuState, got: _Sample, now: float, wall: float
+    ) -> None:
+        """Fold one tick's reading of a GPU into its integrators (tick thread, under the lock)."""
+        if got.caps is not None:
+            self._apply_caps(device, state, got.caps)
+        if got.samples is not None:
+            dropped = state.util.dropped_samples
+            state.util.add_samples(got.samples)
+            state.util.samples_cover_until(now)
+            if not dropped and state.util.dropped_samples:  # once per GPU: a driver quirk
+                log.warning(
+                    "GPU %d: utilization samples stamped 0 or outside 0-100%% are dropped",
+                    device.identity.index,
                 )
-                state.util.samples_cover_until(now)
-                if not dropped and state.util.dropped_samples:  # once per GPU: a driver quirk
-                    log.warning(
-                        "GPU %d: utilization samples stamped 0 or outside 0-100%% are dropped",
-                        device.identity.index,
-                    )
-            else:
-                # No new sample since the last tick: NVML's ring runs dry while a GPU idles.
-                # The current reading covers this tick (capped), so an idle GPU accrues idle
-                # time rather than unsampled time.
-                rates = nvml.query("nvmlDeviceGetUtilizationRates", h)
-                if rates is not None:
-                    state.util.add_rate(now, wall, float(rates.gpu))
-        elif state.util_mode is UtilMode.RATES:
-            rates = nvml.query("nvmlDeviceGetUtilizationRates", h)
-            if rates is not None:
-                state.util.add_rate(now, wall, float(rates.gpu))
+        elif got.rate is not None:
+            # No new sample since the last tick (NVML's ring runs dry while a GPU idles), or
+            # a GPU without samples: the current reading covers this tick (capped), so an
+            # idle GPU accrues idle time rather than unsampled time.
+            state.util.add_rate(now, wall, got.rate)
+        if state.energy is not None and got.milliwatts is not None:
+            state.energy.add(now, got.milliwatts / 1000.0)
 
-        if state.energy is not None:
-            milliwatts = nvml.query("nvmlDeviceGetPowerUsage", h)
-            if milliwatts is not None:
-                state.energy.add(now, float(milliwatts) / 1000.0)
-
-    def _probe(self, device: Device, state: _GpuState) -> None:
-        """Decide once per GPU which readings need integrating here."""
-        nvml, h = self._nvml, device.handle
-        first = nvml.query(
-            "nvmlDeviceGetSamples",
-            h,
-            NVML_GPU_UTILIZATION_SAMPLES,
-            0,
-            absent=frozenset({NOT_FOUND}),
-        )
-        if first is not None or nvml.supports(
-            "nvmlDeviceGetSamples", h, NVML_GPU_UTILIZATION_SAMPLES, 0
-        ):
-            state.util_mode = UtilMode.SAMPLES
-            if first is not None:
-                value_type, samples = first
-                newest = max(samples, key=lambda s: int(s.timeStamp), default=None)
-                if newest is not None:  # start from now: history before the agent is not ours
-                    state.util.add_samples(
-                        [
-                            (
-                                int(newest.timeStamp),
-                                float(union_value(value_type, newest.sampleValue)),
-                            )
-                        ]
-                    )
-        elif nvml.supports("nvmlDeviceGetUtilizationRates", h):
-            state.util_mode = UtilMode.RATES
-        else:
-            state.util_mode = UtilMode.UNSUPPORTED  # MIG-enabled GPUs, for one
-
-        tx, rx = nvml.field_values(
-            h, [(fields.PCIE_COUNT_TX_BYTES, 0), (fields.PCIE_COUNT_RX_BYTES, 0)]
-        )
-        if (tx is None or rx is None) and nvml.supports(
-            "nvmlDeviceGetPcieThroughput", h, NVML_PCIE_UTIL_TX_BYTES
-        ):
+    def _apply_caps(self, device: Device, state: _GpuState, caps: _Caps) -> None:
+        """Set up a GPU's integrators from what its first tick found it can report."""
+        state.util_mode = caps.util_mode
+        state.probed = True
+        if caps.newest is not None:  # start from now: history before the agent is not ours
+            state.util.add_samples([caps.newest])
+        if caps.integrate_pcie:
             # Each GPU is read every N ticks (N GPUs without counters): hold up to 2N.
             hold = 2 * self.interval * max(1, len(self._devices))
             state.pcie_tx, state.pcie_rx = RateIntegrator(hold), RateIntegrator(hold)
             # A reading covers the time back to the previous one: the first, back to now.
             state.pcie_tx.start(self._clock.monotonic())
             state.pcie_rx.start(self._clock.monotonic())
-        if not nvml.supports("nvmlDeviceGetTotalEnergyConsumption", h) and nvml.supports(
-            "nvmlDeviceGetPowerUsage", h
-        ):
+        if caps.integrate_energy:
             state.energy = RateIntegrator(max(1.0, 2 * self.interval))
         log.debug(
             "GPU %d: utilization from %s, PCIe bytes %s, energy %s",
             device.identity.index,
-            state.util_mode.value,
+            caps.util_mode.value,
             "integrated" if state.pcie_tx else "from counters",
             "integrated" if state.energy else "from counter",
         )
+
+
+# --- NVML work, run on a GPU's own worker: reads and returns, never touches sampler state ---
+
+
+def _read_sample(
+    nvml: Nvml,
+    h: Any,
+    *,
+    probe: bool,
+    util_mode: UtilMode | None,
+    since_us: int,
+    power: bool,
+) -> _Sample:
+    """One tick's reads of one GPU (with its capabilities on the first tick)."""
+    caps = _probe(nvml, h) if probe else None
+    if caps is not None:
+        util_mode = caps.util_mode
+        since_us = caps.newest[0] if caps.newest is not None else since_us
+        power = caps.integrate_energy
+    samples: tuple[tuple[int, float], ...] | None = None
+    rate: float | None = None
+    if util_mode is UtilMode.SAMPLES:
+        got = nvml.query(
+            "nvmlDeviceGetSamples",
+            h,
+            NVML_GPU_UTILIZATION_SAMPLES,
+            since_us,
+            absent=frozenset({NOT_FOUND}),
+        )
+        if got is not None:
+            value_type, raw = got
+            samples = tuple(
+                (int(s.timeStamp), float(union_value(value_type, s.sampleValue))) for s in raw
+            )
+        else:
+            rate = _rate(nvml, h)
+    elif util_mode is UtilMode.RATES:
+        rate = _rate(nvml, h)
+    milliwatts = nvml.query("nvmlDeviceGetPowerUsage", h) if power else None
+    return _Sample(
+        caps=caps,
+        samples=samples,
+        rate=rate,
+        milliwatts=float(milliwatts) if milliwatts is not None else None,
+    )
+
+
+def _rate(nvml: Nvml, h: Any) -> float | None:
+    rates = nvml.query("nvmlDeviceGetUtilizationRates", h)
+    return float(rates.gpu) if rates is not None else None
+
+
+def _probe(nvml: Nvml, h: Any) -> _Caps:
+    """Decide once per GPU which readings need integrating here."""
+    first = nvml.query(
+        "nvmlDeviceGetSamples",
+        h,
+        NVML_GPU_UTILIZATION_SAMPLES,
+        0,
+        absent=frozenset({NOT_FOUND}),
+    )
+    newest: tuple[int, float] | None = None
+    if first is not None or nvml.supports(
+        "nvmlDeviceGetSamples", h, NVML_GPU_UTILIZATION_SAMPLES, 0
+    ):
+        mode = UtilMode.SAMPLES
+        if first is not None:
+            value_type, samples = first
+            last = max(samples, key=lambda s: int(s.timeStamp), default=None)
+            if last is not None:
+                newest = (int(last.timeStamp), float(union_value(value_type, last.sampleValue)))
+    elif nvml.supports("nvmlDeviceGetUtilizationRates", h):
+        mode = UtilMode.RATES
+    else:
+        mode = UtilMode.UNSUPPORTED  # MIG-enabled GPUs, for one
+
+    tx, rx = nvml.field_values(
+        h, [(fields.PCIE_COUNT_TX_BYTES, 0), (fields.PCIE_COUNT_RX_BYTES, 0)]
+    )
+    integrate_pcie = (tx is None or rx is None) and nvml.supports(
+        "nvmlDeviceGetPcieThroughput", h, NVML_PCIE_UTIL_TX_BYTES
+    )
+    integrate_energy = not nvml.supports(
+        "nvmlDeviceGetTotalEnergyConsumption", h
+    ) and nvml.supports("nvmlDeviceGetPowerUsage", h)
+    return _Caps(mode, newest, integrate_pcie, integrate_energy)
+
+
+def _read_pcie(nvml: Nvml, h: Any) -> tuple[Any, Any]:
+    tx = nvml.query("nvmlDeviceGetPcieThroughput", h, NVML_PCIE_UTIL_TX_BYTES)
+    rx = nvml.query("nvmlDeviceGetPcieThroughput", h, NVML_PCIE_UTIL_RX_BYTES)
+    return tx, rx
+
+
+def probe_gpu(nvml: Nvml, device: Device) -> bool:
+    """The cheap call that tells whether a fenced GPU answers again: its temperature, which
+    the driver must ask the GPU for (unlike the PCI info or the UUID, which it answers from
+    what it cached at boot, even for a GPU that fell off the bus). NOT_SUPPORTED is an
+    answer too; a lost GPU or any other error is not."""
+    try:
+        nvml.call("nvmlDeviceGetTemperature", device.handle, NVML_TEMPERATURE_GPU)
+    except GpuLost:
+        return False
+    except NvmlCallError as exc:
+        return exc.code in (NOT_SUPPORTED, FUNCTION_NOT_FOUND)
+    return True
 
 
 def _integrals(state: _GpuState) -> GpuIntegrals:

@@ -3,16 +3,25 @@
 Lifecycle: `start` initializes NVML, discovers the GPUs and starts the sampler and XID
 threads; `collect` (on every scrape) reads each GPU's current state and merges in what the
 threads accumulated. One lost GPU yields `up=False` for that GPU alone.
+
+Every per-GPU NVML call goes through that GPU's gate (agent/gpu/gate.py): the GPUs are read
+in parallel, each on its own worker thread, and `collect` waits for them up to one read
+deadline (`GpuConfig.read_deadline`). A GPU whose call is blocked past it reads `up=False`
+with its stuck time while the others are fresh; a GPU fenced after a fatal XID reads
+`up=False` with that XID and is not called at all (the sampler probes it with backoff).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 from gpuscope.agent.clock import Clock, SystemClock
 from gpuscope.agent.gpu import device as dev
+from gpuscope.agent.gpu.gate import DEFAULT_DEADLINE, Blocked, GpuGates, Job
 from gpuscope.agent.gpu.nvml import GpuLost, Nvml, NvmlCallError, text
 from gpuscope.agent.gpu.processes import ProcessReader
 from gpuscope.agent.gpu.records import (
@@ -28,6 +37,8 @@ from gpuscope.agent.gpu.xid import XidWatcher
 
 log = logging.getLogger("gpuscope.gpu")
 
+_Found = tuple[dev.Device, GpuReading]  # a GPU identified late, and its first reading
+
 
 @dataclass(frozen=True, slots=True)
 class GpuConfig:
@@ -35,6 +46,7 @@ class GpuConfig:
     idle_threshold: float = 0.0
     sysfs: Path = Path("/sys")
     background: bool = True  # False: tests drive `sampler.tick()` themselves
+    read_deadline: float = DEFAULT_DEADLINE  # seconds one GPU's read may take (gate.py)
 
 
 class GpuSource:
@@ -46,6 +58,7 @@ class GpuSource:
         self.config = config or GpuConfig()
         self.clock = clock or SystemClock()
         self.nvml = nvml or Nvml()
+        self.gates = GpuGates(self.nvml, self.clock, self.config.read_deadline)
         self.devices: list[dev.Device] = []
         self._undiscovered: list[int] = []
         self.sampler: Sampler | None = None
@@ -57,6 +70,8 @@ class GpuSource:
         self.nvml_version = ""
 
     def start(self) -> None:
+        # Fresh gates for each session: a stopped source's workers are gone.
+        self.gates = GpuGates(self.nvml, self.clock, self.config.read_deadline)
         self.nvml.init()
         try:
             self._discover()
@@ -69,9 +84,12 @@ class GpuSource:
             self.clock,
             interval=self.config.sample_interval,
             idle_threshold=self.config.idle_threshold,
+            gates=self.gates,
         )
-        self.xid = XidWatcher(self.nvml, self.devices, clock=self.clock)
-        self.topology = read_topology(self.nvml, self.devices)
+        self.xid = XidWatcher(
+            self.nvml, self.devices, clock=self.clock, run=self.gates.run, on_fatal=self._fatal
+        )
+        self.topology = read_topology(self.nvml, self.devices, self.gates.run)
         if self.config.background:
             self.sampler.start()
         else:
@@ -86,6 +104,8 @@ class GpuSource:
         )
 
     def _discover(self) -> None:
+        """Identify every GPU, all at once through their gates: one that does not answer
+        within the deadline is left for later collections to find."""
         nvml = self.nvml
         self.driver_version = text(nvml.query("nvmlSystemGetDriverVersion") or "")
         self.nvml_version = text(nvml.query("nvmlSystemGetNVMLVersion") or "")
@@ -94,44 +114,54 @@ class GpuSource:
         count = int(nvml.call("nvmlDeviceGetCount"))
         self.devices = []
         self._undiscovered = []
-        for index in range(count):
-            self._discover_one(index)
+        deadline_at = self.gates.deadline_at()
+        begun = [
+            (i, self.gates.gate(i).begin(partial(self._identify, i), deadline_at))
+            for i in range(count)
+        ]
+        for index, job in begun:
+            found = job.wait(deadline_at) if isinstance(job, Job) else job
+            if isinstance(found, dev.Device):
+                self._add(found)
+                continue
+            why = _blocked_text(found) if isinstance(found, Blocked) else str(found)
+            log.warning("GPU %d does not answer: %s", index, why)
+            self._undiscovered.append(index)
 
-    def _discover_one(self, index: int) -> bool:
+    def _identify(self, index: int) -> dev.Device | Exception:
+        """(On the GPU's worker.) Its identity, or the NVML error that denied it."""
         try:
-            found = dev.discover(self.nvml, index, self.config.sysfs)
+            return dev.discover(self.nvml, index, self.config.sysfs)
         except (GpuLost, NvmlCallError) as exc:
-            if index not in self._undiscovered:
-                log.warning("GPU %d does not answer: %s", index, exc)
-                self._undiscovered.append(index)
-            return False
-        self.devices.append(found)
-        self.devices.sort(key=lambda d: d.identity.index)
-        if index in self._undiscovered:
-            self._undiscovered.remove(index)
-        return True
+            return exc
+
+    def _add(self, device: dev.Device) -> None:
+        self.gates.of(device)  # the gate learns the UUID it logs
+        # A new list, swapped in: the labels thread may be iterating the old one.
+        self.devices = sorted([*self.devices, device], key=lambda d: d.identity.index)
+        if device.identity.index in self._undiscovered:
+            self._undiscovered.remove(device.identity.index)
 
     def collect(self) -> GpuSnapshot:
-        known = {d.identity.uuid for d in self.devices}
-        found = [self._discover_one(i) for i in list(self._undiscovered)]
-        if any(found):
-            if self.sampler is not None:
-                self.sampler.set_devices(self.devices)
-            for device in self.devices:
-                if self.xid is not None and device.identity.uuid not in known:
-                    self.xid.watch(device)
         integrals = self.sampler.integrals() if self.sampler is not None else {}
         empty = GpuIntegrals()
-        readings: list[GpuReading] = []
+        deadline_at = self.gates.deadline_at()
+        reads = []
         for device in self.devices:
-            uuid = device.identity.uuid
-            xids = self.xid.counts(uuid) if self.xid is not None else {}
-            reading = dev.read(self.nvml, device, integrals.get(uuid, empty), xids)
-            if reading.up:
-                reading = self._with_processes(device, reading)
-            readings.append(reading)
-        for index in self._undiscovered:
-            readings.append(GpuReading(identity=_unknown(index), up=False))
+            xids = self.xid.counts(device.identity.uuid) if self.xid is not None else {}
+            work = partial(self._read, device, integrals.get(device.identity.uuid, empty), xids)
+            reads.append((device, xids, self.gates.of(device).begin(work, deadline_at)))
+        finds = [
+            (i, self.gates.gate(i).begin(partial(self._find, i), deadline_at))
+            for i in list(self._undiscovered)
+        ]
+        readings: list[GpuReading] = []
+        for device, xids, job in reads:
+            got = job.wait(deadline_at) if isinstance(job, Job) else job
+            if isinstance(got, Blocked):
+                got = _blocked_reading(device.identity, got, xids)
+            readings.append(got)
+        readings.extend(self._found(finds, deadline_at))
         readings.sort(key=lambda r: r.identity.index)
         return GpuSnapshot(
             driver_version=self.driver_version,
@@ -140,14 +170,56 @@ class GpuSource:
             gpus=tuple(readings),
             topology=self.topology,
             xid_watched=frozenset(self.xid.watched) if self.xid is not None else None,
-            processes_refused=frozenset(u for u, ok in self.processes.readable.items() if not ok),
+            processes_refused=frozenset(
+                u for u, ok in dict(self.processes.readable).items() if not ok
+            ),
         )
+
+    def _read(
+        self, device: dev.Device, integrals: GpuIntegrals, xids: Mapping[int, int]
+    ) -> GpuReading:
+        """(On the GPU's worker.) Everything about one GPU, its processes included."""
+        reading = dev.read(self.nvml, device, integrals, xids)
+        return self._with_processes(device, reading) if reading.up else reading
+
+    def _find(self, index: int) -> _Found | Exception:
+        """(On the GPU's worker.) A GPU that did not answer before: identified, registered
+        for XID events and read, or the NVML error that still denies it."""
+        found = self._identify(index)
+        if isinstance(found, Exception):
+            return found
+        if self.xid is not None:
+            self.xid.watch(found)  # runs inline: we are on this GPU's worker already
+        return found, self._read(found, GpuIntegrals(), {})
+
+    def _found(
+        self, finds: list[tuple[int, Job[_Found | Exception] | Blocked]], deadline_at: float
+    ) -> list[GpuReading]:
+        """The readings of GPUs not identified before: found now, or still unknown."""
+        readings = []
+        added = False
+        for index, job in finds:
+            got = job.wait(deadline_at) if isinstance(job, Job) else job
+            if isinstance(got, tuple):
+                device, reading = got
+                self._add(device)
+                readings.append(reading)
+                added = True
+            elif isinstance(got, Blocked):
+                readings.append(_blocked_reading(_unknown(index), got, {}))
+            else:
+                readings.append(GpuReading(identity=_unknown(index), up=False))
+        if added and self.sampler is not None:
+            self.sampler.set_devices(self.devices)
+        return readings
 
     def refresh_fabric(self) -> None:
         """Read every GPU's fabric registration again (the labels loop calls this each
-        round): it can complete, or degrade, long after the agent started."""
+        round): it can complete, or degrade, long after the agent started. A GPU that does
+        not answer keeps what was known."""
         if self.devices:
-            self.topology = replace(self.topology, fabric=read_fabric(self.nvml, self.devices))
+            fabric = read_fabric(self.nvml, self.devices, self.gates.run, self.topology.fabric)
+            self.topology = replace(self.topology, fabric=fabric)
 
     def _with_processes(self, device: dev.Device, reading: GpuReading) -> GpuReading:
         try:
@@ -156,6 +228,10 @@ class GpuSource:
             return GpuReading(identity=reading.identity, up=False, xid_errors=reading.xid_errors)
         return replace(reading, processes=procs) if procs else reading
 
+    def _fatal(self, uuid: str, xid: int) -> None:
+        """(XID thread.) A fatal XID: stop calling that GPU but for probes."""
+        self.gates.fence(uuid, xid)
+
     def stop(self) -> None:
         if self.xid is not None:
             self.xid.stop()
@@ -163,7 +239,33 @@ class GpuSource:
         if self.sampler is not None:
             self.sampler.stop()
             self.sampler = None
+        busy = self.gates.close()
+        if busy:
+            # A thread is blocked in the driver: nvmlShutdown could block behind it, and
+            # the process is exiting anyway (the kernel releases the driver's handles).
+            names = ", ".join(g.name for g in busy)
+            log.warning("NVML left initialized: %s still blocked in a call", names)
+            return
         self.nvml.shutdown()
+
+
+def _blocked_reading(
+    identity: GpuIdentity, blocked: Blocked, xids: Mapping[int, int]
+) -> GpuReading:
+    return GpuReading(
+        identity=identity,
+        up=False,
+        stuck_seconds=blocked.stuck_seconds,
+        stuck_call=blocked.function,
+        fenced_xid=blocked.fenced_xid,
+        xid_errors=dict(xids),
+    )
+
+
+def _blocked_text(blocked: Blocked) -> str:
+    if blocked.fenced_xid is not None:
+        return f"fenced after XID {blocked.fenced_xid}"
+    return f"stuck in {blocked.function or 'a call'} past the read deadline"
 
 
 def _unknown(index: int) -> GpuIdentity:

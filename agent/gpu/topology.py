@@ -5,7 +5,10 @@ PCIe and NVLink peers are read once, at discovery: they do not change while the 
 loaded, and the GPU x GPU part is N² NVML calls. The fabric is different: a GPU's
 registration with the Fabric Manager moves NOT_STARTED -> IN_PROGRESS -> COMPLETED and can
 complete after the agent started, and its health changes, so `read_fabric` is cheap (one
-call per GPU) and is read again on every labels round."""
+call per GPU) and is read again on every labels round.
+
+Each GPU's part is read through `run` (its gate, agent/gpu/gate.py): a GPU that does not
+answer leaves out its own part, not everyone's."""
 
 from __future__ import annotations
 
@@ -13,9 +16,11 @@ import ctypes
 import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from gpuscope.agent.gpu.device import Device, nvlink_count
+from gpuscope.agent.gpu.gate import Blocked, RunOnGpu, direct
 from gpuscope.agent.gpu.nvml import (
     ARGUMENT_VERSION_MISMATCH,
     FUNCTION_NOT_FOUND,
@@ -35,31 +40,56 @@ REMOTE_TYPES: Mapping[int, str] = {0: "gpu", 1: "ibmnpu", 2: "switch"}
 FABRIC_COMPLETED = 3  # nvmlGpuFabricState_t: 0 not supported, 1 not started, 2 in progress
 
 
-def read_topology(nvml: Nvml, devices: Sequence[Device]) -> GpuTopology:
+def read_topology(nvml: Nvml, devices: Sequence[Device], run: RunOnGpu = direct) -> GpuTopology:
+    """PCIe levels of every pair (asked of the first GPU of the pair), NVLink peers and
+    fabric; a GPU that does not answer (lost, or blocked in `run`) has no part of its own."""
     pcie: dict[tuple[int, int], str] = {}
     peers: dict[int, tuple[NvLinkPeer, ...]] = {}
     for i, a in enumerate(devices):
         try:
-            for b in devices[i + 1 :]:
-                level = nvml.query("nvmlDeviceGetTopologyCommonAncestor", a.handle, b.handle)
-                if level is not None:
-                    pcie[(a.identity.index, b.identity.index)] = PCIE_LEVELS.get(int(level), "sys")
-            peers[a.identity.index] = _peers(nvml, a)
+            got = run(a, partial(_device_topology, nvml, a, devices[i + 1 :]))
         except GpuLost:
             log.info("GPU %d lost while reading topology", a.identity.index)
-    return GpuTopology(pcie=pcie, nvlink_peers=peers, fabric=read_fabric(nvml, devices))
+            continue
+        if isinstance(got, Blocked):
+            log.info("GPU %d does not answer: its topology is left out", a.identity.index)
+            continue
+        pairs, peers[a.identity.index] = got
+        pcie.update(pairs)
+    return GpuTopology(pcie=pcie, nvlink_peers=peers, fabric=read_fabric(nvml, devices, run))
 
 
-def read_fabric(nvml: Nvml, devices: Sequence[Device]) -> Mapping[int, Fabric]:
-    """Each fabric-attached GPU's registration, by GPU index (absent: no fabric)."""
+def _device_topology(
+    nvml: Nvml, a: Device, later: Sequence[Device]
+) -> tuple[dict[tuple[int, int], str], tuple[NvLinkPeer, ...]]:
+    pcie: dict[tuple[int, int], str] = {}
+    for b in later:
+        level = nvml.query("nvmlDeviceGetTopologyCommonAncestor", a.handle, b.handle)
+        if level is not None:
+            pcie[(a.identity.index, b.identity.index)] = PCIE_LEVELS.get(int(level), "sys")
+    return pcie, _peers(nvml, a)
+
+
+def read_fabric(
+    nvml: Nvml,
+    devices: Sequence[Device],
+    run: RunOnGpu = direct,
+    previous: Mapping[int, Fabric] | None = None,
+) -> Mapping[int, Fabric]:
+    """Each fabric-attached GPU's registration, by GPU index (absent: no fabric). A GPU
+    that does not answer in `run` keeps its `previous` entry: its fabric is unknown now,
+    not gone."""
     fabric: dict[int, Fabric] = {}
     for device in devices:
+        index = device.identity.index
         try:
-            found = _fabric(nvml, device)
+            found = run(device, partial(_fabric, nvml, device))
         except GpuLost:
             continue
+        if isinstance(found, Blocked):
+            found = (previous or {}).get(index)
         if found is not None:
-            fabric[device.identity.index] = found
+            fabric[index] = found
     return fabric
 
 

@@ -4,6 +4,11 @@ dcgm-exporter exports the *last* XID as a gauge, so two XIDs between scrapes loo
 and a repeated XID looks like nothing. Here a thread blocks in `nvmlEventSetWait` and counts
 every XID event as it arrives, so `gpuscope_gpu_xid_errors_total{xid}` is exact: `increase()`
 over any window is the number of XIDs in it.
+
+A few XIDs mean the driver can no longer be trusted to answer for that GPU (`FATAL_XIDS`):
+after one, the watcher tells its owner (`on_fatal`), which fences the GPU's gate
+(agent/gpu/gate.py) so that no call can block on it, as DCGM stops calling a GPU after
+XID 119.
 """
 
 from __future__ import annotations
@@ -13,12 +18,14 @@ import ctypes
 import logging
 import threading
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from types import MappingProxyType
 from typing import Any
 
 from gpuscope.agent.clock import Clock, SystemClock
 from gpuscope.agent.gpu.device import Device
+from gpuscope.agent.gpu.gate import Blocked, RunOnGpu, direct
 from gpuscope.agent.gpu.nvml import TIMEOUT, GpuLost, Nvml, NvmlCallError
 
 log = logging.getLogger("gpuscope.gpu.xid")
@@ -26,6 +33,18 @@ log = logging.getLogger("gpuscope.gpu.xid")
 NVML_EVENT_TYPE_XID_CRITICAL_ERROR = 0x8
 WAIT_MS = 500
 LOG_EVERY = 60.0  # seconds between log lines for repeats of one XID on one GPU
+
+# XIDs after which the GPU is not called (fenced: a cheap probe with backoff only). Each means
+# the driver's link to the GPU itself is gone, so a call may block for as long as the driver's
+# own timeout (45 s per GSP RPC) or for ever, and nothing a call returns can be trusted:
+#   79  GPU_HAS_FALLEN_OFF_THE_BUS: the GPU is not reachable over PCIe;
+#   119 GSP_RPC_TIMEOUT: the GPU System Processor stopped answering the driver's RPCs;
+#   120 GSP_ERROR: the GSP firmware faulted.
+# DCGM's health check counts others as fatal too (48 double-bit ECC, 74 NVLink, 94/95
+# contained/uncontained ECC, 140 unrecovered ECC), but after those the driver still answers,
+# and what it answers (ECC counters, row remapping, NVLink state) is what an operator needs
+# to decide on the reset: they are counted, not fenced.
+FATAL_XIDS: frozenset[int] = frozenset({79, 119, 120})
 
 
 def handle_address(handle: Any) -> int:
@@ -38,9 +57,17 @@ class XidWatcher:
     accepted: only those can count XIDs, and the exporter says which they are."""
 
     def __init__(
-        self, nvml: Nvml, devices: Sequence[Device], *, clock: Clock | None = None
+        self,
+        nvml: Nvml,
+        devices: Sequence[Device],
+        *,
+        clock: Clock | None = None,
+        run: RunOnGpu = direct,
+        on_fatal: Callable[[str, int], None] | None = None,
     ) -> None:
         self._nvml = nvml
+        self._on_gpu = run  # registration calls go through the GPU's gate
+        self._on_fatal = on_fatal
         self._by_address: dict[int, str] = {}
         self._counts: dict[str, Counter[int]] = {}
         self._lock = threading.Lock()
@@ -74,10 +101,22 @@ class XidWatcher:
             self._start_thread()
 
     def _register(self, device: Device) -> bool:
-        nvml, uuid = self._nvml, device.identity.uuid
+        uuid = device.identity.uuid
         with self._lock:
             self._by_address[handle_address(device.handle)] = uuid
             self._counts.setdefault(uuid, Counter())
+        registered = self._on_gpu(device, partial(self._register_calls, device))
+        if isinstance(registered, Blocked):
+            log.warning(
+                "GPU %d: XID events not registered: it does not answer", device.identity.index
+            )
+            return False
+        if registered:
+            self.watched.add(uuid)
+        return registered
+
+    def _register_calls(self, device: Device) -> bool:
+        nvml = self._nvml
         try:
             supported = nvml.query("nvmlDeviceGetSupportedEventTypes", device.handle)
             if supported is not None and not supported & NVML_EVENT_TYPE_XID_CRITICAL_ERROR:
@@ -92,7 +131,6 @@ class XidWatcher:
         except (NvmlCallError, GpuLost) as exc:
             log.warning("GPU %d: XID events not registered: %s", device.identity.index, exc)
             return False
-        self.watched.add(uuid)
         return True
 
     def _start_thread(self) -> None:
@@ -147,6 +185,11 @@ class XidWatcher:
         with self._lock:
             self._counts[uuid][xid] += 1
         self._log_xid(uuid, xid)
+        if xid in FATAL_XIDS and self._on_fatal is not None:
+            try:
+                self._on_fatal(uuid, xid)
+            except Exception:
+                log.exception("fencing GPU %s after XID %d failed", uuid, xid)
 
     def _log_xid(self, uuid: str, xid: int) -> None:
         """The first XID of a kind on a GPU is logged at once; the rest at most once per

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from gpuscope.agent.gpu.gate import PROBE_FIRST, PROBE_MAX
+from gpuscope.agent.gpu.xid import FATAL_XIDS
 from gpuscope.exporters.prometheus.spec import GPU, MetricSpec
+
+_FATAL = ", ".join(str(x) for x in sorted(FATAL_XIDS))
 
 GPU_METRICS: tuple[MetricSpec, ...] = (
     # --- GPU identity and health ------------------------------------------------------------
@@ -29,10 +33,55 @@ GPU_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "gpuscope_gpu_up",
         "gauge",
-        "1 if the GPU answers NVML, 0 if it is lost (fell off the bus, XID 79) or needs a reset.",
+        "1 if the GPU answers NVML, 0 if it is lost (fell off the bus, XID 79) or needs a "
+        "reset, is stuck in a call (gpuscope_gpu_stuck_seconds) or is fenced after a fatal XID "
+        "(gpuscope_gpu_fenced). A GPU that is down keeps its info, up, XID and the series "
+        "below, and nothing else.",
         GPU,
         "gpu",
         "Every GPU.",
+    ),
+    MetricSpec(
+        "gpuscope_gpu_stuck_seconds",
+        "gauge",
+        "How long the agent's outstanding NVML call to this GPU has been blocked, once it "
+        "has run past --gpu-read-deadline; 0 while the GPU answers. A stuck GPU reads up 0 "
+        "and gets no new call until the blocked one returns (one thread per GPU, never "
+        "more); the other GPUs are read as ever. Exported as 0 rather than left out, so "
+        "that `> 0` and max_over_time() alert without absent().",
+        GPU,
+        "gpu",
+        "Every GPU.",
+    ),
+    MetricSpec(
+        "gpuscope_gpu_stuck_call_info",
+        "gauge",
+        "Always 1; names the NVML function the stuck GPU's call is blocked in.",
+        (*GPU, "function"),
+        "gpu",
+        "While the GPU is stuck inside an NVML call.",
+    ),
+    MetricSpec(
+        "gpuscope_gpu_fenced",
+        "gauge",
+        f"1 after a fatal XID ({_FATAL}: fallen off the bus, GSP RPC timeout, GSP error): "
+        "the agent stops calling the GPU, as DCGM does, but for one cheap probe "
+        f"(nvmlDeviceGetTemperature) {PROBE_FIRST:g} s later, then doubling up to every "
+        f"{PROBE_MAX:g} s; a probe answered within --gpu-read-deadline (after a GPU reset, "
+        "say) lifts the fence. 0 otherwise. Other XIDs DCGM rates fatal (48, 74, 94, 95, "
+        "140) are only counted: the driver still answers after them, with the ECC and row "
+        "remapping state an operator needs.",
+        GPU,
+        "gpu",
+        "Every GPU.",
+    ),
+    MetricSpec(
+        "gpuscope_gpu_fatal_xid_info",
+        "gauge",
+        "Always 1; the fatal XID after which the GPU is fenced.",
+        (*GPU, "xid"),
+        "gpu",
+        "While the GPU is fenced.",
     ),
     MetricSpec(
         "gpuscope_gpu_utilization_ratio",

@@ -29,6 +29,7 @@ def _render_one(snapshot: GpuSnapshot, r: GpuReading, out: Families, *, per_link
     dev = (str(r.identity.index), r.identity.uuid)
     _render_info(snapshot, r, dev, out)
     out.add("gpuscope_gpu_up", dev, 1 if r.up else 0)
+    _render_blocked(r, dev, out)
     for xid, count in sorted(r.xid_errors.items()):
         out.add("gpuscope_gpu_xid_errors_total", (*dev, str(xid)), count)
     if snapshot.xid_watched is not None:
@@ -41,6 +42,17 @@ def _render_one(snapshot: GpuSnapshot, r: GpuReading, out: Families, *, per_link
     _render_labelled(r, dev, out)
     _render_nvlinks(r.nvlinks, dev, out, per_link=per_link)
     _render_mig(r.mig_instances, dev, out)
+
+
+def _render_blocked(r: GpuReading, dev: DeviceLabels, out: Families) -> None:
+    """Why a GPU is not being read: stuck in a call, or fenced after a fatal XID. The two
+    gauges are on every GPU (0 when it answers), the info series only while it applies."""
+    out.add("gpuscope_gpu_stuck_seconds", dev, r.stuck_seconds or 0.0)
+    if r.stuck_seconds is not None and r.stuck_call:
+        out.add("gpuscope_gpu_stuck_call_info", (*dev, r.stuck_call), 1)
+    out.add("gpuscope_gpu_fenced", dev, 1 if r.fenced_xid is not None else 0)
+    if r.fenced_xid is not None:
+        out.add("gpuscope_gpu_fatal_xid_info", (*dev, str(r.fenced_xid)), 1)
 
 
 def _render_info(snapshot: GpuSnapshot, r: GpuReading, dev: DeviceLabels, out: Families) -> None:

@@ -14,8 +14,13 @@ FLAG_ONLY = {
     "gpuscope_gpu_nvlink_link_transmit_bytes_total",
     "gpuscope_gpu_nvlink_link_receive_bytes_total",
 }
-# Exported only while a driver refuses something; tests/integration/test_nvml_divergences.py.
-FAULT_ONLY = {"gpuscope_gpu_processes_refused"}
+# Exported only while a driver refuses something (tests/integration/test_nvml_divergences.py)
+# or while a GPU is stuck or fenced (test_gpu_hang.py, test_gpu_fence.py).
+FAULT_ONLY = {
+    "gpuscope_gpu_processes_refused",
+    "gpuscope_gpu_stuck_call_info",
+    "gpuscope_gpu_fatal_xid_info",
+}
 
 
 def test_docs_match_catalog() -> None:
@@ -74,6 +79,7 @@ def test_names_follow_the_unit_conventions() -> None:
                 "_watched",
                 "_refused",
                 "_stuck",
+                "_fenced",
                 "_threads",
             )
         ), f"{m.name}: no base unit and not a state/info metric"
