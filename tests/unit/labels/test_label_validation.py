@@ -104,7 +104,7 @@ def test_names_with_nothing_usable_still_get_distinct_keys() -> None:
 
 @pytest.mark.parametrize("prefix", ["Example.com", "a_b.io", "-x.io", "x" * 254])
 def test_a_label_prefix_that_cannot_start_a_key_is_refused_at_start(prefix: str) -> None:
-    with pytest.raises(ConfigError, match="^--label-prefix: "):
+    with pytest.raises(ConfigError, match=r"^--label-prefix: "):
         parse([f"--label-prefix={prefix}"], env={})
 
 
@@ -115,5 +115,5 @@ def test_label_prefix_gets_its_slash() -> None:
 
 @pytest.mark.parametrize("text", ["nan", "inf", "-inf", "-1", "ten"])
 def test_absence_grace_must_be_a_finite_non_negative_number(text: str) -> None:
-    with pytest.raises(ConfigError, match="^--labels-absence-grace: "):
+    with pytest.raises(ConfigError, match=r"^--labels-absence-grace: "):
         parse([f"--labels-absence-grace={text}"], env={})
