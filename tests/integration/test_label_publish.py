@@ -275,7 +275,7 @@ def test_gpus_not_answering_at_restart_keep_what_describes_them(
     reason="agent/gpu/source.py reads the NVLink topology at start only: GPUs discovered "
     "later have no NVLink peers, so gpu.interconnect reads pcie until the agent restarts",
 )
-def test_gpus_answering_again_after_a_restart_give_back_every_label(
+def test_gpus_that_answer_again_give_back_every_label(
     node: Node, api, published: dict[str, str]
 ) -> None:
     server, _ = api
