@@ -188,7 +188,7 @@ class HostFs:
         key = os.fspath(path)
         if result.problem is not None:
             self.note(key, result.problem, result.error)
-        elif key in self._failing:
+        else:
             self.recovered(key)
         return result
 
@@ -263,7 +263,9 @@ class HostFs:
         self._log.warning("%s: %s", self.stage, label_text(error))
 
     def recovered(self, key: str) -> None:
-        """`key` reads again: say so once."""
+        """`key` reads again: say so once. Cheap when `key` never failed."""
+        if key not in self._failing:
+            return
         with self._lock:
             if self._failing.pop(key, None) is None:
                 return

@@ -15,9 +15,12 @@ GPUDirect RDMA between a GPU and a NIC is fast:
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from gpuscope.agent.hostfs import HostFs
+
+SYSFS = HostFs("pci")  # one state for every caller: a failing file logs once per change
 
 LEVELS = ("pix", "pxb", "phb", "node", "sys")
 
@@ -29,22 +32,22 @@ class PciLocation:
     numa_node: int | None
 
 
-def locate(sysfs: Path, address: str) -> PciLocation | None:
-    """The device's path in the PCI tree; None when sysfs does not know the address."""
+def locate(sysfs: Path, address: str, fs: HostFs = SYSFS) -> PciLocation | None:
+    """The device's path in the PCI tree; None when sysfs does not know the address.
+
+    Only the link's text is used (never followed), so a link pointing into a loop costs
+    only its NUMA node, read through `HostFs` (bounded, never raising)."""
     link = sysfs / "bus" / "pci" / "devices" / address.lower()
-    try:
-        target = os.readlink(link)
-    except OSError:
+    target = fs.readlink(link)
+    if target is None:
         return None
     parts = [p for p in target.split("/") if p not in ("", "..", ".")]
     if "devices" in parts:
         parts = parts[parts.index("devices") + 1 :]
     if not parts or not parts[0].startswith("pci"):
         return None
-    try:
-        node = int((link / "numa_node").read_text().strip())
-    except (OSError, ValueError):
-        node = -1
+    numa = fs.read_int(link / "numa_node")
+    node = numa if numa is not None else -1
     return PciLocation(
         address=address.lower(), path=tuple(parts), numa_node=node if node >= 0 else None
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from gpuscope.agent.hostfs import Reason
 from gpuscope.agent.k8s.workloads import Workload
 from gpuscope.agent.sources import Collection
 
@@ -80,6 +81,10 @@ class Attribution:
     # scrapes): how network records, keyed by pod UID, get their names. Empty until the API
     # answers; pods it lacks keep only `pod_uid`.
     pod_names: Mapping[str, PodName] = field(default_factory=dict)
+    # Inputs the stage left out since the agent started, by reason (`hostfs.REASONS`): GPU
+    # processes whose /proc/<pid>/cgroup could not be read or used. Each drop costs that
+    # process's pod names, never the others'.
+    dropped: Mapping[Reason, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

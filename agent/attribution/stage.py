@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from gpuscope.agent.attribution.idle import GpuIdleInput, IdleAccountant
-from gpuscope.agent.attribution.processes import process_pod
+from gpuscope.agent.attribution.processes import Dropped, process_pod
 from gpuscope.agent.attribution.records import (
     Attribution,
     GpuHolding,
@@ -28,13 +28,15 @@ from gpuscope.agent.attribution.records import (
 from gpuscope.agent.clock import Clock, SystemClock
 from gpuscope.agent.gpu.collector import GPU
 from gpuscope.agent.gpu.records import GpuReading, GpuSnapshot
+from gpuscope.agent.hostfs import HostFs
+from gpuscope.agent.k8s.cgroups import PodCgroup
 from gpuscope.agent.k8s.collector import KUBELET, PODS
 from gpuscope.agent.k8s.podresources.gpus import DEFAULT_GPU_RESOURCES, match_gpus
 from gpuscope.agent.k8s.podresources.records import KubeletSnapshot
 from gpuscope.agent.k8s.records import PodMeta
 from gpuscope.agent.k8s.workloads import Workload
 from gpuscope.agent.net.collector import NET
-from gpuscope.agent.sources import Collection
+from gpuscope.agent.sources import Collection, describe
 
 log = logging.getLogger("gpuscope.attribution")
 
@@ -60,6 +62,7 @@ class Attributor:
         self._by_name: Mapping[tuple[str, str], PodMeta] = {}
         self._net_names: Mapping[str, PodName] = {}
         self._unmatched_logged: set[str] = set()
+        self._fs = HostFs("attribution", logger=log)
 
     def attribute(self, collection: Collection) -> Attribution:
         """What the join adds to `collection`; the sources' records are left as they are."""
@@ -106,6 +109,7 @@ class Attributor:
             pods=pods,
             idle_seconds_total=self._idle.totals() if holdings is not None else {},
             pod_names=self._net_names,
+            dropped=self._fs.counts(),
         )
 
     def _holdings(
@@ -149,9 +153,9 @@ class Attributor:
         for reading in readings:
             uuid, gpu = reading.identity.uuid, reading.identity.index
             for proc in reading.processes:
-                owner = process_pod(self._procfs, proc.pid)
+                owner = self._owner(proc.pid)
                 if owner is None:
-                    continue  # exited since NVML listed it
+                    continue  # exited since NVML listed it, or dropped (and counted)
                 key = (gpu, uuid, owner.pod_uid, owner.container_id or "")
                 memory[key] = _add(memory.get(key, 0), proc.used_memory_bytes)
                 util[key] = _add(util.get(key, 0.0), proc.sm_utilization_ratio)
@@ -172,6 +176,16 @@ class Attributor:
                 )
             )
         return tuple(usage)
+
+    def _owner(self, pid: int) -> PodCgroup | None:
+        """One process's pod, isolated: a process whose cgroup cannot be read or parsed is
+        dropped and counted (`Attribution.dropped`), and the others are still attributed."""
+        try:
+            owner = process_pod(self._procfs, pid, self._fs)
+        except Exception as exc:  # noqa: BLE001 - a parser bug costs this process only
+            self._fs.note(f"pid {pid}", "invalid", f"process {pid}: {describe(exc)}")
+            return None
+        return None if isinstance(owner, Dropped) else owner
 
     def _statuses(
         self,

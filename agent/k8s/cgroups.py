@@ -9,6 +9,11 @@ so attribution works without asking the kubelet or the runtime about every proce
 The parser is pure so that every layout kubelets produce can be tested as a literal string;
 only `CgroupResolver` and `detect_cgroup_v2_root` touch the filesystem. docs/cgroups.md
 lists the layouts and the decisions taken on the ambiguous ones.
+
+Any pod can create cgroups below its own, named with any bytes. Paths are text in which a
+byte that is not UTF-8 is written `\\xNN`, both as `/proc/<pid>/cgroup` reads through
+`hostfs.read_file` and as the tree walk names directories (`hostfs.label_text`), so the two
+agree; the pod and container parts the kubelet and runtime write are ASCII and still parse.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+
+from gpuscope.agent.hostfs import HostFs, label_text, problem_of, show
 
 QosClass = Literal["guaranteed", "burstable", "besteffort"]
 Runtime = Literal["containerd", "cri-o", "docker"]
@@ -192,8 +199,10 @@ class CgroupResolver:
         *,
         min_rewalk_interval: float = 1.0,
         monotonic: Callable[[], float] = time.monotonic,
+        fs: HostFs | None = None,
     ) -> None:
         self._root = root
+        self.fs = fs or HostFs("cgroups")  # directories the walk could not list
         self._min_rewalk_interval = min_rewalk_interval
         self._monotonic = monotonic
         self._lock = threading.Lock()
@@ -273,7 +282,7 @@ class CgroupResolver:
         self._walked_at = self._monotonic()
         previous = self._generation
         self._generation += 1
-        paths = walk_cgroup_tree(self._root)
+        paths = walk_cgroup_tree(self._root, self.fs)
         old = self._paths
         self._pods = {i: pod for i, pod in self._pods.items() if paths.get(i) == old.get(i)}
         self._held = {i: gen for i, gen in self._held.items() if i not in paths}
@@ -287,12 +296,15 @@ class CgroupResolver:
         self._held.setdefault(cgroup_id, generation)
 
 
-def walk_cgroup_tree(root: Path) -> dict[int, str]:
-    """Every directory under `root` by inode, as a `/`-prefixed path relative to it.
+def walk_cgroup_tree(root: Path, fs: HostFs | None = None) -> dict[int, str]:
+    """Every directory under `root` by inode, as a `/`-prefixed path relative to it (names
+    as label text: bytes that are not UTF-8 written `\\xNN`).
 
     Symlinks are not followed and other filesystems are not entered (inode numbers are only
     unique within one, and `/sys/fs/cgroup` on v1 holds a mount per controller). Cgroups
-    removed mid-walk are skipped silently: on a busy node that is the normal case.
+    removed mid-walk are skipped silently: on a busy node that is the normal case. A
+    directory that cannot be listed for another reason (permission, I/O) is skipped with
+    its subtree and noted in `fs` (counted, logged once per change).
     """
     try:
         top = os.stat(root)
@@ -315,9 +327,15 @@ def walk_cgroup_tree(root: Path) -> dict[int, str]:
                         continue
                     if info.st_dev != top.st_dev:
                         continue
-                    child = f"{relative}/{entry.name}"
+                    name = entry.name if entry.name.isascii() else label_text(entry.name)
+                    child = f"{relative}/{name}"
                     found[info.st_ino] = child
                     pending.append((entry.path, child))
-        except OSError:
-            continue  # removed between being listed and being opened (or while read)
+            if fs is not None:
+                fs.recovered(directory)
+        except OSError as exc:
+            problem = problem_of(exc)  # None: removed between being listed and being opened
+            if problem is not None and fs is not None:
+                fs.note(directory, problem, f"cannot list {show(directory)}: {exc.strerror}")
+            continue
     return found

@@ -9,21 +9,27 @@ hardware and are reported.
 
 Every file is read on its own and omitted on its own when unreadable: a netdev that
 disappears while being read, or a driver that answers EINVAL for `speed` on a down link,
-loses those values and nothing else.
+loses those values and nothing else. Reads go through `HostFs` (agent/hostfs.py): bounded,
+never raising, a symlink loop or a denied file logged once per change of state. A netdev
+name holding bytes that are not UTF-8 is reported with those bytes written `\\xNN`, the
+same text a `gid_attrs/ndevs` file naming it reads as.
 """
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
+from gpuscope.agent.hostfs import HostFs, label_text
 from gpuscope.agent.net.records import NicReading, NicSnapshot
 from gpuscope.agent.sources import SourceUnavailable, StatelessSource
 
 MEGABIT = 125_000  # bytes per second in one Mb/s, the unit of `speed`
 SPEED_UNKNOWN = 0xFFFFFFFF  # SPEED_UNKNOWN read back through an unsigned format
 PCI_ADDRESS = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+# Reads by callers without a source of their own (the node labels' placement, tests): one
+# shared state, so a failing file logs once per change however often they read.
+SYSFS = HostFs("sysfs")
 
 
 class NicSource(StatelessSource):
@@ -33,50 +39,55 @@ class NicSource(StatelessSource):
 
     def __init__(self, sysfs: Path = Path("/sys")) -> None:
         self.sysfs = sysfs
+        self.fs = HostFs("nic")
 
     def collect(self) -> NicSnapshot:
-        return read_nics(self.sysfs)
+        return read_nics(self.sysfs, self.fs)
 
 
-def read_nics(sysfs: Path) -> NicSnapshot:
+def read_nics(sysfs: Path, fs: HostFs = SYSFS) -> NicSnapshot:
     """Every physical netdev under `sysfs`, sorted by name."""
     class_net = sysfs / "class" / "net"
     if not class_net.is_dir():
         raise SourceUnavailable(
             f"{class_net} does not exist: is the host's /sys mounted at {sysfs}? (--sysfs)"
         )
-    rdma = rdma_netdevs(sysfs)
-    nics = [read_nic(entry, rdma) for entry in list_dir(class_net) if is_physical(entry)]
+    rdma = rdma_netdevs(sysfs, fs)
+    entries = fs.list_dir(class_net)
+    nics = [read_nic(entry, rdma, fs) for entry in entries if is_physical(entry, fs)]
     return NicSnapshot(nics=tuple(nics))
 
 
-def is_physical(netdev: Path) -> bool:
-    return (netdev / "device").exists()
+def is_physical(netdev: Path, fs: HostFs = SYSFS) -> bool:
+    return fs.exists(netdev / "device")
 
 
-def read_nic(netdev: Path, rdma_names: frozenset[str] = frozenset()) -> NicReading:
+def read_nic(
+    netdev: Path, rdma_names: frozenset[str] = frozenset(), fs: HostFs = SYSFS
+) -> NicReading:
     """One netdev directory (`class/net/<dev>`) -> a reading."""
     device = netdev / "device"
     stats = netdev / "statistics"
-    function = pci_function(device)
-    numa = read_int((function or device) / "numa_node")
+    function = pci_function(device, fs)
+    numa = fs.read_int((function or device) / "numa_node")
+    name = label_text(netdev.name)
     return NicReading(
-        device=netdev.name,
-        driver=link_name(device / "driver"),
+        device=name,
+        driver=link_name(device / "driver", fs),
         pci_bus_id=function.name if function is not None else "",
         numa_node=numa if numa is not None and numa >= 0 else None,
-        rdma=netdev.name in rdma_names or bool(list_dir(device / "infiniband")),
-        operstate=read_text(netdev / "operstate"),
-        speed_bytes_per_second=_speed(read_int(netdev / "speed")),
-        mtu_bytes=read_int(netdev / "mtu"),
-        transmit_bytes=read_int(stats / "tx_bytes"),
-        receive_bytes=read_int(stats / "rx_bytes"),
-        transmit_packets=read_int(stats / "tx_packets"),
-        receive_packets=read_int(stats / "rx_packets"),
-        transmit_errors=read_int(stats / "tx_errors"),
-        receive_errors=read_int(stats / "rx_errors"),
-        transmit_dropped=read_int(stats / "tx_dropped"),
-        receive_dropped=read_int(stats / "rx_dropped"),
+        rdma=name in rdma_names or bool(fs.list_dir(device / "infiniband")),
+        operstate=fs.read_text(netdev / "operstate"),
+        speed_bytes_per_second=_speed(fs.read_int(netdev / "speed")),
+        mtu_bytes=fs.read_int(netdev / "mtu"),
+        transmit_bytes=fs.read_int(stats / "tx_bytes"),
+        receive_bytes=fs.read_int(stats / "rx_bytes"),
+        transmit_packets=fs.read_int(stats / "tx_packets"),
+        receive_packets=fs.read_int(stats / "rx_packets"),
+        transmit_errors=fs.read_int(stats / "tx_errors"),
+        receive_errors=fs.read_int(stats / "rx_errors"),
+        transmit_dropped=fs.read_int(stats / "tx_dropped"),
+        receive_dropped=fs.read_int(stats / "rx_dropped"),
     )
 
 
@@ -87,31 +98,30 @@ def _speed(megabits: int | None) -> int | None:
     return megabits * MEGABIT
 
 
-def rdma_netdevs(sysfs: Path) -> frozenset[str]:
+def rdma_netdevs(sysfs: Path, fs: HostFs = SYSFS) -> frozenset[str]:
     """Netdevs that an RDMA device sits on, seen from the RDMA side.
 
     Two views, because drivers differ in where they hang the RDMA device: its parent's
     `net/` directory (mlx5 and irdma parent it on the PCI function that owns the netdev),
     and the netdev of each port's default GID (RoCE; works whatever the parent is).
-    `read_nic` also checks the netdev's own `device/infiniband/`.
+    `read_nic` also checks the netdev's own `device/infiniband/`. Names as label text.
     """
     found: set[str] = set()
-    for ibdev in list_dir(sysfs / "class" / "infiniband"):
-        found.update(entry.name for entry in list_dir(ibdev / "device" / "net"))
-        for port in list_dir(ibdev / "ports"):
-            name = read_text(port / "gid_attrs" / "ndevs" / "0")
+    for ibdev in fs.list_dir(sysfs / "class" / "infiniband"):
+        found.update(label_text(entry.name) for entry in fs.list_dir(ibdev / "device" / "net"))
+        for port in fs.list_dir(ibdev / "ports"):
+            name = fs.read_text(port / "gid_attrs" / "ndevs" / "0")
             if name:
                 found.add(name)
     return frozenset(found)
 
 
-def pci_function(device: Path) -> Path | None:
+def pci_function(device: Path, fs: HostFs = SYSFS) -> Path | None:
     """The PCI function behind a netdev's `device` link: the device itself, or its parent
     when the device is a bus of its own on one function (virtio0 in a VM); None otherwise
     (USB, platform devices)."""
-    try:
-        resolved = Path(os.path.realpath(device, strict=True))
-    except OSError:
+    resolved = fs.realpath(device)
+    if resolved is None:
         return None
     for candidate in (resolved, resolved.parent):
         if PCI_ADDRESS.match(candidate.name):
@@ -119,35 +129,7 @@ def pci_function(device: Path) -> Path | None:
     return None
 
 
-def link_name(link: Path) -> str:
+def link_name(link: Path, fs: HostFs = SYSFS) -> str:
     """The last component of a symlink's target (a driver's name), or "" if it is no link."""
-    try:
-        return Path(os.readlink(link)).name
-    except OSError:
-        return ""
-
-
-def list_dir(directory: Path) -> list[Path]:
-    """Entries sorted by name; [] when the directory is absent or unreadable."""
-    try:
-        return sorted(directory.iterdir())
-    except OSError:
-        return []
-
-
-def read_text(path: Path) -> str | None:
-    try:
-        return path.read_text(encoding="utf-8", errors="replace").strip()
-    except OSError:
-        return None
-
-
-def read_int(path: Path) -> int | None:
-    """A decimal (or 0x hex) integer file; None when absent, unreadable or not a number."""
-    text = read_text(path)
-    if not text:
-        return None
-    try:
-        return int(text, 0) if text.startswith(("0x", "-0x")) else int(text)
-    except ValueError:
-        return None
+    target = fs.readlink(link)
+    return label_text(Path(target).name) if target is not None else ""

@@ -1,9 +1,12 @@
 """The RDMA source: `<sysfs>/class/infiniband/<dev>/ports/<n>/` -> `RdmaSnapshot` records.
 
-Read at scrape time, every file on its own: an unreadable counter is omitted, the rest of
-the port is still reported. A node without RDMA has no `class/infiniband` at all; that is
-a feature being absent, not a failure, so the source succeeds with no devices. Only when
-`class/net` is missing too does it fail, because then `--sysfs` points at no sysfs.
+Read at scrape time, every file on its own, through `HostFs` (bounded, never raising, a loop
+or a denied file logged once per change): an unreadable counter is omitted, the rest of
+the port is still reported. Device and netdev names holding bytes that are not UTF-8 are
+reported with those bytes written `\\xNN`. A node without RDMA has no `class/infiniband`
+at all; that is a feature being absent, not a failure, so the source succeeds with no
+devices. Only when `class/net` is missing too does it fail, because then `--sysfs` points
+at no sysfs.
 
 Values leave this module in base units: `port_xmit_data`/`port_rcv_data` count 4-byte
 words (the InfiniBand PortCounters convention, kept by the kernel for RoCE too) and are
@@ -24,7 +27,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
-from gpuscope.agent.net.nic import list_dir, read_int, read_text
+from gpuscope.agent.hostfs import HostFs, label_text
+from gpuscope.agent.net.nic import SYSFS
 from gpuscope.agent.net.records import RdmaDevice, RdmaPort, RdmaSnapshot
 from gpuscope.agent.sources import SourceUnavailable, StatelessSource
 
@@ -129,12 +133,13 @@ class RdmaSource(StatelessSource):
 
     def __init__(self, sysfs: Path = Path("/sys")) -> None:
         self.sysfs = sysfs
+        self.fs = HostFs("rdma")
 
     def collect(self) -> RdmaSnapshot:
-        return read_rdma(self.sysfs)
+        return read_rdma(self.sysfs, self.fs)
 
 
-def read_rdma(sysfs: Path) -> RdmaSnapshot:
+def read_rdma(sysfs: Path, fs: HostFs = SYSFS) -> RdmaSnapshot:
     """Every RDMA device under `sysfs`, sorted by name; none when the node has no RDMA."""
     class_ib = sysfs / "class" / "infiniband"
     if not class_ib.is_dir():
@@ -144,30 +149,31 @@ def read_rdma(sysfs: Path) -> RdmaSnapshot:
                 f"is the host's /sys mounted at {sysfs}? (--sysfs)"
             )
         return RdmaSnapshot(devices=())
-    return RdmaSnapshot(devices=tuple(read_device(d) for d in list_dir(class_ib)))
+    return RdmaSnapshot(devices=tuple(read_device(d, fs) for d in fs.list_dir(class_ib)))
 
 
-def read_device(ibdev: Path) -> RdmaDevice:
+def read_device(ibdev: Path, fs: HostFs = SYSFS) -> RdmaDevice:
     """One `class/infiniband/<dev>` directory -> a device with its ports, sorted by number."""
     ports = [
-        read_port(ibdev, entry, int(entry.name))
-        for entry in list_dir(ibdev / "ports")
-        if entry.name.isdigit()
+        read_port(ibdev, entry, int(entry.name), fs)
+        for entry in fs.list_dir(ibdev / "ports")
+        # "²".isdigit() but is no int; a port directory that is a loop has nothing to read
+        if entry.name.isascii() and entry.name.isdigit() and fs.exists(entry)
     ]
     ports.sort(key=lambda p: p.port)
     return RdmaDevice(
-        name=ibdev.name,
-        node_guid=read_text(ibdev / "node_guid") or "",
-        fw_version=read_text(ibdev / "fw_ver") or "",
-        hca_type=read_text(ibdev / "hca_type") or "",
-        board_id=read_text(ibdev / "board_id") or "",
+        name=label_text(ibdev.name),
+        node_guid=fs.read_text(ibdev / "node_guid") or "",
+        fw_version=fs.read_text(ibdev / "fw_ver") or "",
+        hca_type=fs.read_text(ibdev / "hca_type") or "",
+        board_id=fs.read_text(ibdev / "board_id") or "",
         ports=tuple(ports),
     )
 
 
-def read_port(ibdev: Path, port_dir: Path, port: int) -> RdmaPort:
-    counters = _read_counters(port_dir / "counters")
-    hw = _read_counters(port_dir / "hw_counters", skip=("lifespan",))
+def read_port(ibdev: Path, port_dir: Path, port: int, fs: HostFs = SYSFS) -> RdmaPort:
+    counters = _read_counters(port_dir / "counters", fs)
+    hw = _read_counters(port_dir / "hw_counters", fs, skip=("lifespan",))
     errors: dict[str, int] = {}
     congestion: dict[str, int] = {}
     for raw, kind in PORT_COUNTERS.items():
@@ -178,15 +184,15 @@ def read_port(ibdev: Path, port_dir: Path, port: int) -> RdmaPort:
         if known is not None:
             name, kind = known
             (errors if kind == ERROR else congestion)[name] = value
-    state, state_name = parse_state(read_text(port_dir / "state"))
-    phys, phys_name = parse_state(read_text(port_dir / "phys_state"))
-    rate = parse_rate(read_text(port_dir / "rate"))
+    state, state_name = parse_state(fs.read_text(port_dir / "state"))
+    phys, phys_name = parse_state(fs.read_text(port_dir / "phys_state"))
+    rate = parse_rate(fs.read_text(port_dir / "rate"))
     if phys is not None and phys != PHYS_STATE_LINK_UP:
         rate = None  # a down port still shows a rate: the last, or the slowest, not a fact
     return RdmaPort(
         port=port,
-        link_layer=read_text(port_dir / "link_layer") or "",
-        netdev=port_netdev(ibdev, port_dir, port),
+        link_layer=fs.read_text(port_dir / "link_layer") or "",
+        netdev=port_netdev(ibdev, port_dir, port, fs),
         state=state,
         state_name=state_name,
         physical_state=phys,
@@ -203,18 +209,18 @@ def read_port(ibdev: Path, port_dir: Path, port: int) -> RdmaPort:
     )
 
 
-def port_netdev(ibdev: Path, port_dir: Path, port: int) -> str:
+def port_netdev(ibdev: Path, port_dir: Path, port: int, fs: HostFs = SYSFS) -> str:
     """The netdev of a port: its default GID's (RoCE), else its parent's only netdev (or
     the one whose `dev_port` is this port, on multi-port functions); "" if none."""
-    ndev = read_text(port_dir / "gid_attrs" / "ndevs" / "0")
+    ndev = fs.read_text(port_dir / "gid_attrs" / "ndevs" / "0")
     if ndev:
         return ndev
-    nets = list_dir(ibdev / "device" / "net")
+    nets = fs.list_dir(ibdev / "device" / "net")
     if len(nets) == 1:
-        return nets[0].name
+        return label_text(nets[0].name)
     for net in nets:
-        if read_int(net / "dev_port") == port - 1:
-            return net.name
+        if fs.read_int(net / "dev_port") == port - 1:
+            return label_text(net.name)
     return ""
 
 
@@ -239,13 +245,14 @@ def _words(value: int | None) -> int | None:
     return value * 4 if value is not None else None
 
 
-def _read_counters(directory: Path, skip: tuple[str, ...] = ()) -> dict[str, int]:
-    """Every integer file in a counter directory, by name; unreadable ones are left out."""
+def _read_counters(directory: Path, fs: HostFs, skip: tuple[str, ...] = ()) -> dict[str, int]:
+    """Every integer file in a counter directory, by name (as label text); unreadable ones
+    are left out."""
     values: dict[str, int] = {}
-    for entry in list_dir(directory):
+    for entry in fs.list_dir(directory):
         if entry.name in skip:
             continue
-        value = read_int(entry)
+        value = fs.read_int(entry)
         if value is not None:
-            values[entry.name] = value
+            values[label_text(entry.name)] = value
     return values

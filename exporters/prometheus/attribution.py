@@ -43,3 +43,5 @@ def render_attribution(att: Attribution, out: Families) -> None:
             out.add("gpuscope_pod_gpu_utilization_ratio", labels, u.utilization_ratio)
     for (namespace, kind, name), seconds in sorted(att.idle_seconds_total.items()):
         out.add("gpuscope_workload_gpu_idle_seconds_total", (namespace, kind, name), seconds)
+    for reason, count in att.dropped.items():
+        out.add("gpuscope_inputs_dropped_total", ("attribution", reason), count)

@@ -5,6 +5,11 @@ with a thousand series per node that was two thirds of the scrape. Our label nam
 from the catalog and are valid by construction, so `render_text` writes the same bytes
 (a test compares the two on every golden file) doing only the work that depends on values.
 The OpenMetrics format is still produced by prometheus_client from `metrics()`.
+
+Every label value is valid UTF-8 text when it is added (`add`, `add_histogram`): sources
+already escape the bytes they read (agent/hostfs.py), and a value that still holds a lone
+surrogate (a file name taken from a listing unconverted) is escaped here the same way, so
+neither exposition can fail on a label value. Checking costs one `str.isascii` per value.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from prometheus_client.core import (
     Metric,
 )
 
+from gpuscope.agent.hostfs import label_text
 from gpuscope.exporters.prometheus.spec import MetricSpec
 
 Sample = tuple[tuple[str, ...], float]
@@ -42,7 +48,7 @@ class Families:
             samples = self._samples[name] = []
         if len(labels) != len(spec.labels):
             raise ValueError(f"{name}: expected labels {spec.labels}, got {len(labels)} values")
-        samples.append((tuple(labels), value))
+        samples.append((_valid(labels), value))
 
     def add_histogram(
         self,
@@ -57,7 +63,7 @@ class Families:
             raise ValueError(f"{name}: not a histogram with labels {spec.labels}")
         if not buckets or not math.isinf(buckets[-1][0]):
             raise ValueError(f"{name}: the last bucket must be +Inf")
-        self._histograms.setdefault(name, []).append((tuple(labels), tuple(buckets), sum_value))
+        self._histograms.setdefault(name, []).append((_valid(labels), tuple(buckets), sum_value))
 
     def merge(self, other: Families) -> None:
         for name, samples in other._samples.items():
@@ -100,7 +106,8 @@ class Families:
                 if inner is None:
                     inner = ",".join([f'{key}="{_escape(labels[i])}"' for key, i in order])
                     seen[(order, labels)] = inner
-                out.append(f"{name}{{{inner}}} {_go_float(value)}\n")
+                braces = f"{{{inner}}}" if inner else ""  # no labels: no braces
+                out.append(f"{name}{braces} {_go_float(value)}\n")
         return "".join(out).encode("utf-8")
 
     def _render_histograms(self, name: str, out: list[str]) -> None:
@@ -145,6 +152,23 @@ def _layout(name: str) -> tuple[str, tuple[tuple[str, int], ...]]:
     header = f"# HELP {name} {doc}\n# TYPE {name} {spec.kind}\n"
     order = tuple(sorted((key, i) for i, key in enumerate(spec.labels)))
     return header, order
+
+
+def _valid(labels: Sequence[str]) -> tuple[str, ...]:
+    """The label values as text that encodes to UTF-8: the last line of defence."""
+    values = tuple(labels)
+    for value in values:
+        if not value.isascii():
+            return tuple(_text(v) for v in values)
+    return values
+
+
+def _text(value: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return label_text(value)  # surrogates -> \xNN, as hostfs writes undecodable bytes
+    return value
 
 
 def _escape(value: str) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from gpuscope.agent.bounded import bounded
 from gpuscope.agent.k8s.pods_source import PodsSource
 from tests.doubles.kube_apiserver import KubeApiServer, owner_reference
 from tests.doubles.kube_apiserver import pod as pod_manifest
@@ -25,6 +26,7 @@ from tests.support.promtext import Exposition
 NODE = "gpu-node-1"
 GIB = 2**30
 SAMPLE = 1 / 6  # seconds covered by one NVML utilization sample on the fake H100
+SCRAPE_STEP = 0.001  # seconds between two scrapes with no time moved in between
 
 
 @dataclass
@@ -107,7 +109,13 @@ class Node:
         return pid
 
     def scrape(self) -> Exposition:
-        return self.env.scrape()
+        return Exposition(self.scrape_text())
+
+    def scrape_text(self) -> str:
+        """A scrape at a moment of its own: the agent reuses a collection for scrapes at the
+        same instant, and time here moves only by hand."""
+        self.env.clock.advance(SCRAPE_STEP)
+        return self.env.scrape_text()
 
 
 @pytest.fixture
@@ -128,7 +136,7 @@ def node(inprocess: Callable[..., InProcess], tmp_path: Path) -> Iterator[Callab
             env_args = [
                 "--collectors", "gpu,kubelet,pods", "--kubelet-socket", str(kubelet.socket_path),
                 "--kubeconfig", str(kubeconfig), "--procfs", str(procfs), "--node-name", NODE,
-                *args,
+                "--collection-max-age", "0", *args,
             ]  # fmt: skip
             if setup is not None:
                 # Pods that exist before the agent starts: created on a stand-in handle.
@@ -384,7 +392,7 @@ def test_deleted_pod_series_disappear_after_the_next_poll(node) -> None:
     wait_pods(n, {"ml-team/llama-ft-worker-0", "research/notebook-a-5d9f-abcde",
                   "research/notebook-b-77c4-fghij"})  # fmt: skip
     m = n.scrape()
-    text = n.env.scrape_text()
+    text = n.scrape_text()
     assert "eval-nightly" not in text.replace('workload="eval-nightly"', "")
     assert m.series("gpuscope_pod_info", pod="eval-nightly-x7k2p") == {}
     assert m.series("gpuscope_gpu_allocation_info", gpu="4") == {}
@@ -405,10 +413,13 @@ def test_hostile_metadata_is_escaped_and_round_trips(node) -> None:
     )  # fmt: skip
     n.gpu_process(2, GIB, 10, pod_uid=uid, cid=ids['c"\n\\ü'])
     wait_pods(n, {f"ml-team/{long_name}"})
-    text = n.env.scrape_text()
+    text = n.scrape_text()
     m = Exposition(text)
     ((alloc, _),) = m.rows("gpuscope_gpu_allocation_info")
-    assert (alloc["pod"], alloc["container"], alloc["workload"]) == (long_name, 'c"\n\\ü', HOSTILE)
+    # The workload comes from an annotation: bounded like every pod-metadata label value.
+    assert (alloc["pod"], alloc["container"], alloc["workload"]) == (
+        long_name, 'c"\n\\ü', bounded(HOSTILE))  # fmt: skip
+    assert alloc["workload"].startswith('job "quoted" \\ back\nslash ünïcødé xx')
     ((info, _),) = m.rows("gpuscope_pod_info")
     assert (info["workload_kind"], info["replica"]) == ("VolcanoJob", 'w"1\n')
     assert m.rows("gpuscope_pod_gpu_memory_bytes")[0][0]["container"] == 'c"\n\\ü'

@@ -52,6 +52,7 @@ ATTRIBUTION = Attribution(
         ("research", "Deployment", "notebook-b"): 915.25,
         ("ml-team", "PyTorchJob", "llama-ft"): 0.0,
     },
+    dropped={"unreadable": 1, "loop": 0, "too_large": 0, "invalid": 0},
 )
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpuscope.agent.clock import ManualClock
+from gpuscope.agent.hostfs import HostFs
 from gpuscope.agent.k8s import cgroups
 from gpuscope.agent.k8s.cgroups import (
     CgroupResolver,
@@ -331,9 +332,9 @@ def walks(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     seen: list[Path] = []
     real = cgroups.walk_cgroup_tree
 
-    def counting(root: Path) -> dict[int, str]:
+    def counting(root: Path, fs: HostFs | None = None) -> dict[int, str]:
         seen.append(root)
-        return real(root)
+        return real(root, fs)
 
     monkeypatch.setattr(cgroups, "walk_cgroup_tree", counting)
     return seen
