@@ -3,6 +3,7 @@ by walking a real directory tree, with re-walks on a miss that are rate-limited.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from collections.abc import Iterator
@@ -635,3 +636,59 @@ def test_real_cgroupfs_inode_is_the_id() -> None:
     r = CgroupResolver(mine)
     assert r.resolve(os.stat(mine).st_ino) == "/"
     assert r.exists(os.stat(mine).st_ino)
+
+
+# --- hostile names and unlistable directories ----------------------------------------------
+
+
+def test_a_cgroup_named_with_bytes_that_are_not_utf8_resolves_to_its_pod(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    """Any pod can create child cgroups with any name. The walk names the child the way a
+    process's /proc/<pid>/cgroup reads (`\\xff`), so both lead to the same pod."""
+    container = tmp_path / CONTAINER.lstrip("/")
+    container.mkdir(parents=True)
+    child = os.fsencode(container) + b"/worker\xff"
+    os.mkdir(child)
+    r = resolver(tmp_path, clock)
+    cgroup_id = os.stat(child).st_ino
+    path = r.resolve(cgroup_id)
+    assert path == f"{CONTAINER}/worker\\xff"
+    assert path is not None and path.encode("utf-8")
+    assert r.resolve_pod(cgroup_id) == pod(C1, "burstable", "containerd")
+    assert parse_proc_cgroup(f"0::{path}\n") == r.resolve_pod(cgroup_id)
+
+
+def test_a_directory_that_cannot_be_listed_is_skipped_counted_and_logged_once(
+    tmp_path: Path,
+    clock: ManualClock,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    denied = make(tmp_path, "/system.slice/secret.service")
+    below = make(tmp_path, "/system.slice/secret.service/inner")
+    kept = make(tmp_path, CONTAINER)
+    real = os.scandir
+    refused = os.fspath(tmp_path / "system.slice" / "secret.service")
+
+    def scandir(path: str) -> object:
+        if path == refused:
+            raise PermissionError(13, "Permission denied", path)
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    caplog.set_level(logging.INFO, logger="gpuscope.hostfs")
+    r = resolver(tmp_path, clock)
+    for _ in range(3):
+        clock.advance(1)
+        r.forget()
+        assert r.resolve(kept) == CONTAINER
+        assert r.resolve(denied) == "/system.slice/secret.service"  # listed by its parent
+        assert r.resolve(below) is None  # its subtree is out of reach
+    assert r.fs.counts()["unreadable"] == 3
+    lines = [rec.getMessage() for rec in caplog.records if rec.name == "gpuscope.hostfs"]
+    assert lines == [f"cgroups: cannot list {refused}: Permission denied"]  # once, not 3 times
+    monkeypatch.setattr(os, "scandir", real)
+    r.forget()
+    assert r.resolve(below) == "/system.slice/secret.service/inner"
+    assert caplog.records[-1].getMessage() == f"cgroups: {refused} reads again"
