@@ -76,11 +76,14 @@ class Job(Generic[T]):
         finally:
             self._done.set()
 
+    def done(self) -> bool:
+        return self._done.is_set()
+
     def wait(self, deadline_at: float) -> T | Blocked:
         """The result (raising what the work raised), or `Blocked` if it is not done by
-        `deadline_at` (time.monotonic())."""
-        if not self._done.wait(max(0.0, deadline_at - time.monotonic())):
-            blocked = self._gate._overdue(self)
+        `deadline_at` (time.monotonic()), or shortly after where it began late."""
+        while not self._done.wait(max(0.0, deadline_at - time.monotonic())):
+            blocked, deadline_at = self._gate._overdue(self)
             if blocked is not None:
                 return blocked
         if self._probe:
@@ -91,17 +94,27 @@ class Job(Generic[T]):
 
 
 class Gate:
-    """One GPU's worker thread and its stuck / fenced state (see the module docstring)."""
+    """One GPU's worker thread and its stuck / fenced state (see the module docstring).
 
-    def __init__(self, index: int, uuid: str, nvml: Nvml, clock: Clock) -> None:
+    At most two units are outstanding: the one running and one queued behind it, so that
+    callers never wait for each other to hand work over (a scrape that meets a sampler
+    tick's unit queues its own and moves on to the next GPU). A caller who finds the slot
+    taken too waits for it, up to its deadline. A unit is judged stuck only once it has
+    run for at least half the deadline itself: one that started late, behind another,
+    gets that long before its caller gives up on it."""
+
+    def __init__(
+        self, index: int, uuid: str, nvml: Nvml, clock: Clock, deadline: float = DEFAULT_DEADLINE
+    ) -> None:
         self.index = index
         self.uuid = uuid
+        self.deadline = deadline
         self._nvml = nvml
         self._clock = clock
         self._cond = threading.Condition()
-        self._job: Job[Any] | None = None  # outstanding: queued or running
-        self._queued: Job[Any] | None = None  # handed over, not yet taken by the worker
-        self._began = 0.0  # time.monotonic() the outstanding job was handed over
+        self._running: Job[Any] | None = None
+        self._queued: Job[Any] | None = None  # next, not yet taken by the worker
+        self._began = 0.0  # time.monotonic() the running unit began
         self._began_clock = 0.0  # the same moment on the agent's clock
         self._stuck = False
         self._thread: threading.Thread | None = None
@@ -119,6 +132,11 @@ class Gate:
     def fenced_xid(self) -> int | None:
         return self._fenced_xid
 
+    @property
+    def started(self) -> bool:
+        """Whether its worker thread was ever started."""
+        return self._thread is not None
+
     def blocked(self) -> Blocked | None:
         """The gate's state now, without waiting: `Blocked` if stuck or fenced."""
         with self._cond:
@@ -128,11 +146,10 @@ class Gate:
 
     def busy(self) -> bool:
         with self._cond:
-            return self._job is not None
+            return self._running is not None or self._queued is not None
 
     def begin(self, fn: Callable[[], T], deadline_at: float) -> Job[T] | Blocked:
-        """Hand `fn` to the worker, waiting up to `deadline_at` for a short unit another
-        caller has in flight; `Blocked` if the GPU is stuck or fenced. Called on the
+        """Hand `fn` to the worker; `Blocked` if the GPU is stuck or fenced. Called on the
         worker itself (work that needs more work on its own GPU), `fn` runs inline."""
         if threading.get_ident() == self._worker_id:
             job = Job(self, fn)
@@ -141,7 +158,7 @@ class Gate:
         with self._cond:
             if self._fenced_xid is not None:
                 return self._blocked()
-            return self._hand_over(Job(self, fn), deadline_at)
+            return self._enqueue(Job(self, fn), deadline_at)
 
     def begin_probe(self, fn: Callable[[], bool], deadline_at: float) -> Job[bool] | Blocked | None:
         """On a fenced gate whose probe is due: hand the probe `fn` (True: the GPU
@@ -150,7 +167,7 @@ class Gate:
             if self._fenced_xid is None or self._clock.monotonic() < self._probe_at:
                 return None
             self._schedule_probe()
-            return self._hand_over(Job(self, fn, probe=True), deadline_at)
+            return self._enqueue(Job(self, fn, probe=True), deadline_at)
 
     def fence(self, xid: int) -> None:
         """Stop calling this GPU after fatal XID `xid`, but for probes (see begin_probe)."""
@@ -160,6 +177,9 @@ class Gate:
             self._fenced_xid = xid
             self._backoff = PROBE_FIRST
             self._schedule_probe()
+            if self._queued is not None and not self._queued._probe:
+                self._queued = None  # not begun: it will not be (its caller gets Blocked)
+                self._cond.notify_all()
         log.warning(
             "%s: XID %d is fatal: no more NVML calls to it, but a probe every %g s to %g s "
             "until it answers",
@@ -179,7 +199,7 @@ class Gate:
     def wait_idle(self, timeout: float) -> bool:
         deadline_at = time.monotonic() + timeout
         with self._cond:
-            while self._job is not None:
+            while self._running is not None or self._queued is not None:
                 remaining = deadline_at - time.monotonic()
                 if remaining <= 0:
                     return False
@@ -188,18 +208,16 @@ class Gate:
 
     # --- under the lock ---------------------------------------------------------------------
 
-    def _hand_over(self, job: Job[T], deadline_at: float) -> Job[T] | Blocked:
-        while self._job is not None and not self._stuck:
+    def _enqueue(self, job: Job[T], deadline_at: float) -> Job[T] | Blocked:
+        while not self._stuck and self._queued is not None:
             remaining = deadline_at - time.monotonic()
             if remaining <= 0:
-                self._mark_stuck()
-                break
+                self._mark_stuck()  # the slot stayed taken: the running unit holds the GPU
+                return self._blocked()
             self._cond.wait(remaining)
-        if self._job is not None:
+        if self._stuck:
             return self._blocked()
-        self._job = self._queued = job
-        self._began = time.monotonic()
-        self._began_clock = self._clock.monotonic()
+        self._queued = job
         if self._thread is None:
             self._thread = threading.Thread(
                 target=self._work, name=f"gpu-{self.index}", daemon=True
@@ -225,9 +243,11 @@ class Gate:
         )
 
     def _mark_stuck(self) -> None:
-        if self._stuck:
+        if self._stuck or self._running is None:
             return
         self._stuck = True
+        self._queued = None  # nothing waits behind a stuck unit (its caller gets Blocked)
+        self._cond.notify_all()
         function = self._nvml.current_call(self._worker_id) if self._worker_id else None
         log.warning(
             "%s stuck in %s for %.1f s: reported down, and not called again, until it answers",
@@ -238,13 +258,21 @@ class Gate:
 
     # --- called by Job ----------------------------------------------------------------------
 
-    def _overdue(self, job: Job[Any]) -> Blocked | None:
-        """A caller's deadline passed: the GPU is stuck, unless the job just finished."""
+    def _overdue(self, job: Job[Any]) -> tuple[Blocked | None, float]:
+        """A caller's deadline passed with `job` not done: `Blocked` if the GPU is stuck
+        (or the job was dropped, or the gate fenced before it began), else (None, when to
+        look again) for a unit that has not yet run for half the deadline."""
         with self._cond:
-            if self._job is not job:
-                return None
-            self._mark_stuck()
-            return self._blocked()
+            if job.done():
+                return None, 0.0
+            if self._running is not None and not self._stuck:
+                settle = self._began + self.deadline / 2
+                if time.monotonic() < settle:
+                    return None, settle  # it, or the unit ahead of it, began late
+                self._mark_stuck()
+            if job is self._queued:
+                self._queued = None
+            return self._blocked(), 0.0
 
     def _probe_answered(self, answered: bool) -> None:
         if not answered:
@@ -264,11 +292,15 @@ class Gate:
                 while self._queued is None and not self._closed:
                     self._cond.wait()
                 job, self._queued = self._queued, None
-            if job is None:  # closed and idle
-                return
+                if job is None:  # closed and idle
+                    return
+                self._running = job
+                self._began = time.monotonic()
+                self._began_clock = self._clock.monotonic()
+                self._cond.notify_all()
             job.run()
             with self._cond:
-                self._job = None
+                self._running = None
                 if self._stuck:
                     self._stuck = False
                     fenced = self._fenced_xid
@@ -308,7 +340,9 @@ class GpuGates:
         with self._lock:
             gate = self._gates.get(index)
             if gate is None:
-                gate = self._gates[index] = Gate(index, uuid, self._nvml, self._clock)
+                gate = self._gates[index] = Gate(
+                    index, uuid, self._nvml, self._clock, self.deadline
+                )
             elif uuid and not gate.uuid:
                 gate.uuid = uuid
             return gate
@@ -337,7 +371,7 @@ class GpuGates:
     def threads(self) -> int:
         """Worker threads started (for tests and self-checks: at most one per GPU)."""
         with self._lock:
-            return sum(g._thread is not None for g in self._gates.values())
+            return sum(g.started for g in self._gates.values())
 
     def close(self, wait: float = CLOSE_WAIT) -> list[Gate]:
         """Close every gate; return those still busy after waiting up to `wait` seconds."""

@@ -118,6 +118,29 @@ def test_a_short_unit_of_another_caller_is_waited_for_not_taken_for_a_hang(gate:
     assert job.wait(deadline_at) is True
 
 
+def test_one_gpu_hanging_never_makes_another_look_stuck(
+    clock: ManualClock, names: CallNames
+) -> None:
+    """A scrape meets GPU 0 busy with a sampler unit that is hanging, but not yet known to
+    hang: it queues its own unit there and hands GPU 1's over at once, so GPU 1 answers
+    within the scrape's deadline and only GPU 0 is stuck."""
+    gates = GpuGates(names, clock, deadline=SHORT)  # type: ignore[arg-type]
+    release = threading.Event()
+    try:
+        sampler = gates.gate(0).begin(hang(names, release, "nvmlDeviceGetSamples"), 1e12)
+        assert isinstance(sampler, Job)
+        deadline_at = gates.deadline_at()
+        read0 = gates.gate(0).begin(lambda: "GPU 0", deadline_at)
+        read1 = gates.gate(1).begin(lambda: "GPU 1", deadline_at)
+        assert isinstance(read0, Job) and isinstance(read1, Job)
+        assert read0.wait(deadline_at) == Blocked(0.0, "nvmlDeviceGetSamples")
+        assert read1.wait(deadline_at) == "GPU 1"
+        assert gates.gate(1).blocked() is None
+    finally:
+        release.set()
+        assert gates.close() == []
+
+
 def test_work_begun_on_the_gpus_own_worker_runs_inline(gate: Gate) -> None:
     def outer() -> Any:
         return run(gate, lambda: threading.current_thread().name)
