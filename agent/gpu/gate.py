@@ -5,11 +5,14 @@ NVML has no timeouts. A call into a GPU whose firmware stopped answering (XID 11
 timeout": the driver itself waits 45 s per RPC) blocks in the kernel, and a thread blocked
 there cannot be interrupted or abandoned cheaply. So every piece of per-GPU NVML work runs
 on that GPU's own worker thread (one per GPU, created on first use, never a second), one
-unit at a time, and the caller waits for it up to a deadline:
+unit at a time (one more may wait in line: see `Gate`), and the caller waits for it up to a
+deadline; callers hand all GPUs their units first and then wait, so the GPUs are read in
+parallel and a collection takes the slowest GPU's time, not the sum:
 
 * done within the deadline: the caller gets the value (or the exception it raised);
 * not done: the GPU is *stuck* since the unit began. The caller gets `Blocked` and moves
-  on; nothing more is queued for that GPU, and later callers get `Blocked` at once without
+  on; nothing more is queued for that GPU (what waited in line is dropped, its caller gets
+  `Blocked` too), and later callers get `Blocked` at once without
   waiting, so a hang costs one thread and one deadline, however many scrapes and ticks
   come. When the blocked call returns, its late result is dropped (it describes a moment
   long past) and the next caller is served normally. One log line each way.
