@@ -49,6 +49,7 @@ def test_gpu_lost_before_the_agent_started_is_reported_and_found_later(inprocess
     assert len(metrics.series("gpuscope_gpu_up")) == 8
 
     h.fake.restore_gpu(7)
+    h.advance(2)  # the next scrape, past --collection-max-age
     metrics = h.scrape()
     assert metrics.value("gpuscope_gpu_up", gpu="7") == 1
     assert metrics.series("gpuscope_gpu_info", gpu="7", model="NVIDIA H100 80GB HBM3")

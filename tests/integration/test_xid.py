@@ -8,6 +8,9 @@ from tests.support import wait_for
 
 
 def xids(h, gpu: str) -> dict[str, float]:
+    """One scrape's XID counts; scrapes are seconds apart (the agent reuses a collection
+    younger than --collection-max-age)."""
+    h.clock.advance(2)
     return dict(h.scrape().by_label("gpuscope_gpu_xid_errors_total", "xid", gpu=gpu))
 
 
