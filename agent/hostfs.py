@@ -126,6 +126,8 @@ def read_file(path: Path | str, cap: int = DEFAULT_CAP) -> FileRead:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except OSError as exc:
         return _failed(path, exc)
+    except ValueError as exc:  # a NUL in the path: no file can have that name
+        return FileRead(None, "unreadable", f"cannot read {show(path)}: {exc}")
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):

@@ -99,6 +99,11 @@ def test_a_directory_is_not_a_file(tmp_path: Path) -> None:
     assert read_file(tmp_path).problem == "unreadable"
 
 
+def test_a_path_no_file_can_have_is_unreadable_not_an_exception(tmp_path: Path) -> None:
+    read = read_file(f"{tmp_path}/a\0b")
+    assert read.problem == "unreadable" and "null byte" in read.error
+
+
 def test_errors_that_mean_a_vanished_process_or_device_are_absent(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
