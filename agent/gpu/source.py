@@ -209,8 +209,12 @@ class GpuSource:
                 readings.append(_blocked_reading(_unknown(index), got, {}))
             else:
                 readings.append(GpuReading(identity=_unknown(index), up=False))
-        if added and self.sampler is not None:
-            self.sampler.set_devices(self.devices)
+        if added:
+            if self.sampler is not None:
+                self.sampler.set_devices(self.devices)
+            # PCIe pairs and NVLink peers of the newcomers (and with them): read at start
+            # only for the GPUs that answered then (labels say gpu.interconnect from these).
+            self.topology = read_topology(self.nvml, self.devices, self.gates.run)
         return readings
 
     def refresh_fabric(self) -> None:

@@ -270,11 +270,6 @@ def test_gpus_not_answering_at_restart_keep_what_describes_them(
     assert ours(server)[f"{P}gpu.product"] == published[f"{P}gpu.product"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="agent/gpu/source.py reads the NVLink topology at start only: GPUs discovered "
-    "later have no NVLink peers, so gpu.interconnect reads pcie until the agent restarts",
-)
 def test_gpus_that_answer_again_give_back_every_label(
     node: Node, api, published: dict[str, str]
 ) -> None:
