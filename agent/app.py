@@ -202,7 +202,7 @@ class Agent:
             last = self._last
             if last is not None and (
                 self._generation != generation  # one finished while this scrape waited
-                or self.clock.monotonic() - last[1] <= self.config.agent.collection_max_age
+                or self.clock.monotonic() - last[1] < self.config.agent.collection_max_age
             ):
                 return last[0]
             return self._collect_shared()
