@@ -308,7 +308,10 @@ class Sampler:
                     log.exception("sampling GPU %d failed", device.identity.index)
                 published[uuid] = _integrals(state)
             for probe in probes:
-                probe.wait(deadline_at)  # an answered probe lifts the fence (gate.py)
+                try:
+                    probe.wait(deadline_at)  # an answered probe lifts the fence (gate.py)
+                except Exception:
+                    log.exception("probing a fenced GPU failed")
             self._published = MappingProxyType(published)
             self._lost = frozenset(lost)
         self._pcie_step()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -21,6 +21,26 @@ from tests.support import InProcess, wait_for
 
 DEADLINE = "0.5"
 BOUND = 20.0  # seconds a scrape may take here before it counts as frozen (normally < 1 s)
+
+
+@pytest.fixture
+def inprocess(inprocess: Callable[..., InProcess]) -> Iterator[Callable[..., InProcess]]:
+    """The agent on the fake, with every hang and slow call ended before it stops, even
+    when a test fails half-way (a worker still blocked at stop leaves NVML initialized)."""
+    started: list[InProcess] = []
+
+    def start(*args: Any, **kwargs: Any) -> InProcess:
+        started.append(inprocess(*args, **kwargs))
+        return started[-1]
+
+    yield start
+    for h in started:
+        h.fake.release_calls()
+        h.fake.set_call_latency(0)
+        for gpu in range(h.fake.gpu_count()):
+            h.fake.set_call_latency(0, gpu=gpu)
+        for gate in range(h.fake.gpu_count()):
+            wait_for(gate_idle(h, gate), timeout=10, what=f"GPU {gate}'s call to return")
 
 
 def scrape_within(h: InProcess, bound: float = BOUND) -> Any:
