@@ -284,7 +284,7 @@ class Gate:
         with self._cond:
             xid, self._fenced_xid = self._fenced_xid, None
         if xid is not None:
-            log.warning("%s answers a probe after XID %d: calling it again", self.name, xid)
+            log.info("%s answers a probe after XID %d: calling it again", self.name, xid)
 
     # --- the worker -------------------------------------------------------------------------
 
@@ -307,7 +307,7 @@ class Gate:
                 if self._stuck:
                     self._stuck = False
                     fenced = self._fenced_xid
-                    log.warning(
+                    log.info(
                         "%s answers again after %.0f s%s",
                         self.name,
                         time.monotonic() - self._began,

@@ -6,6 +6,7 @@ test_gpu_fence.py)."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -87,6 +88,7 @@ def test_a_unit_within_the_deadline_returns_its_value_or_raises_its_error(gate: 
 def test_a_blocked_unit_makes_the_gpu_stuck_and_nothing_is_queued_behind_it(
     gate: Gate, clock: ManualClock, names: CallNames, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="gpuscope.gpu")
     release = threading.Event()
     first = run(gate, hang(names, release, "nvmlDeviceGetPowerUsage"))
     assert first == Blocked(stuck_seconds=0.0, function="nvmlDeviceGetPowerUsage")
