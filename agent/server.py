@@ -3,8 +3,8 @@ collection done), built to hold under abuse.
 
 One event-loop thread owns every connection: it reads requests, enforces the limits and
 answers the probes itself. Only a complete /metrics request goes to a small pool of render
-threads, because rendering blocks while the agent collects; so a slow scrape never delays a
-probe, and a thousand silent or slowloris connections cost a few kilobytes each instead of
+threads, because rendering blocks while the agent collects (requests that arrive during a
+render share it); so a slow scrape never delays a probe, and a thousand silent or slowloris connections cost a few kilobytes each instead of
 a thread each (the threaded server this replaced held 1,012 threads for 1,000 idle
 connections). Every wait has a deadline and every buffer a cap; the limits are constructor
 keywords, documented in docs/architecture.md ("The HTTP server").
@@ -160,6 +160,7 @@ class ServerStats:
     idle_timeouts: int
     write_timeouts: int
     requests: int
+    coalesced: int  # /metrics requests answered by a render already in flight
     errors: int  # requests answered 4xx/5xx by the server's own rules (not 404)
 
 
@@ -232,6 +233,7 @@ class MetricsServer:
         self._connections: set[_Connection] = set()
         self._counts = dict.fromkeys(ServerStats.__slots__, 0)
         self._full = False
+        self._inflight: dict[tuple[str, bool], list[tuple[_Connection, Request]]] = {}
         self._render_error: str | None = None
         self._render_lock = threading.Lock()
         self._loop_error: str | None = None
@@ -373,9 +375,9 @@ class MetricsServer:
         """/metrics, on a render thread: the text format, or OpenMetrics when `Accept`
         asks for it, gzipped when `Accept-Encoding` allows. A failing render answers 500
         and is logged once per change of error, not once per scrape."""
-        accept = request.headers.get("accept", "")
+        accept = _openmetrics_accept(request)
         try:
-            if "application/openmetrics-text" in accept:
+            if accept:
                 encoder, content_type = choose_encoder(accept)
                 body = encoder(self.registry)
             else:
@@ -406,18 +408,43 @@ class MetricsServer:
         if failed is not None:
             log.info("rendering /metrics works again")
 
-    def submit(self, job: Callable[[], None]) -> None:
+    def render_for(self, connection: _Connection, request: Request) -> None:
+        """Render /metrics for `connection`, on the loop. A request that arrives while a
+        render of the same variant (format, gzip) is in flight waits for that render and
+        shares its answer: a burst of scrapers costs one render, not one each, and no
+        answer is older than the render in flight when its request arrived. Nothing is
+        kept once answered (how fresh a collection must be is the agent's business)."""
+        key = (
+            _openmetrics_accept(request),
+            accepts_gzip(request.headers.get("accept-encoding", "")),
+        )
+        waiting = self._inflight.get(key)
+        if waiting is not None:
+            waiting.append((connection, request))
+            self.count("coalesced")
+            return
+        self._inflight[key] = [(connection, request)]
+        loop = self._loop
+        assert loop is not None
+
+        def job() -> None:
+            answer = self.render(request)
+            try:
+                loop.call_soon_threadsafe(self._rendered, key, answer)
+            except RuntimeError:
+                log.debug("http: a render finished after the server stopped")
+
         self._workers.submit(job)
 
-    def call_soon(self, callback: Callable[[], None]) -> None:
-        """Run `callback` on the loop, from a render thread; dropped once the loop ended."""
-        loop = self._loop
-        if loop is None:
-            return
-        try:
-            loop.call_soon_threadsafe(callback)
-        except RuntimeError:
-            log.debug("http: an answer finished after the server stopped")
+    def _rendered(self, key: tuple[str, bool], answer: _Answer) -> None:
+        for connection, request in self._inflight.pop(key, []):
+            connection.rendered(request, answer)
+
+
+def _openmetrics_accept(request: Request) -> str:
+    """The `Accept` header when it asks for OpenMetrics, else "" (the text format)."""
+    accept = request.headers.get("accept", "")
+    return accept if "application/openmetrics-text" in accept else ""
 
 
 class _Connection(asyncio.Protocol):
@@ -558,14 +585,9 @@ class _Connection(asyncio.Protocol):
         self._enter(_State.BUSY, None, None)
         assert self.transport is not None
         self.transport.pause_reading()
+        self.server.render_for(self, request)
 
-        def job() -> None:
-            answer = self.server.render(request)
-            self.server.call_soon(lambda: self._rendered(request, answer))
-
-        self.server.submit(job)
-
-    def _rendered(self, request: Request, answer: _Answer) -> None:
+    def rendered(self, request: Request, answer: _Answer) -> None:
         if self.state is _State.CLOSED:
             log.debug("http: client %s left before its /metrics answer", self.peer)
             return
@@ -661,7 +683,7 @@ class _Connection(asyncio.Protocol):
 class _Workers:
     """A fixed set of daemon render threads. Not concurrent.futures: its threads are
     joined at interpreter exit, so one hung render would keep the process from exiting.
-    Pending jobs are bounded by the open connections (one request in flight each)."""
+    Jobs in flight are bounded by the variants of /metrics (one render each at a time)."""
 
     def __init__(self, count: int) -> None:
         self._count = count

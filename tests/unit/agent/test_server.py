@@ -22,6 +22,9 @@ from gpuscope.agent.options import ConfigError
 from gpuscope.agent.server import MetricsServer, parse_listen_address
 from tests.support import wait_for
 
+# Larger than the kernel's send buffer can grow to (tcp_wmem: 4 MiB by default) plus a small
+# receive window: the server holds part of the answer until the client reads it.
+BIG = b"x 1\n" * 4_000_000
 BODY = b"# HELP demo_total A demo.\n# TYPE demo_total counter\n" + b"demo_total 1\n" * 2000
 
 
@@ -35,8 +38,10 @@ class FakeAgent:
     gate: threading.Event | None = None  # when set, a render waits for it
     rendering: threading.Event = field(default_factory=threading.Event)
     health: str = ""
+    renders: int = 0
 
     def render(self) -> bytes:
+        self.renders += 1
         self.rendering.set()
         if self.gate is not None:
             assert self.gate.wait(30), "test never released the render"
@@ -81,8 +86,15 @@ class Client:
     """A raw HTTP/1.x client over one socket, reading answers through a buffer, so
     pipelined answers that arrive in one segment are read one at a time."""
 
-    def __init__(self, server: MetricsServer, host: str = "127.0.0.1") -> None:
-        self.sock = socket.create_connection((host, server.port), timeout=10)
+    def __init__(
+        self, server: MetricsServer, host: str = "127.0.0.1", *, rcvbuf: int | None = None
+    ) -> None:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.sock = socket.socket(family, socket.SOCK_STREAM)
+        self.sock.settimeout(10)
+        if rcvbuf is not None:  # before connecting: it sets the window the server sees
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        self.sock.connect((host, server.port))
         self.file = self.sock.makefile("rb")
 
     def __enter__(self) -> Client:
@@ -427,27 +439,52 @@ def test_probes_answer_while_every_render_thread_is_blocked(
 ) -> None:
     agent.gate = threading.Event()
     server = serve(workers=2)
-    scrapers = [Client(server) for _ in range(3)]  # one more than the pool
-    for sock in scrapers:
-        sock.send(b"GET /metrics HTTP/1.1\r\n\r\n")
+    variants = ["", "Accept-Encoding: gzip\r\n", "Accept: application/openmetrics-text\r\n"]
+    scrapers = [Client(server) for _ in variants]  # three renders: one more than the pool
+    for sock, header in zip(scrapers, variants, strict=True):
+        sock.send(f"GET /metrics HTTP/1.1\r\n{header}\r\n".encode())
     assert agent.rendering.wait(10)
     for path, status in (("/healthz", 200), ("/readyz", 200), ("/", 200), ("/x", 404)):
         assert get(server, path).status == status
     agent.gate.set()
     for sock in scrapers:
+        assert sock.response()[0] == 200
+        sock.close()
+
+
+def test_scrapes_that_arrive_during_a_render_share_it(
+    serve: Callable[..., MetricsServer], agent: FakeAgent
+) -> None:
+    agent.gate = threading.Event()
+    server = serve()
+    first = Client(server)
+    first.send(b"GET /metrics HTTP/1.1\r\n\r\n")
+    assert agent.rendering.wait(10)
+    rest = [Client(server) for _ in range(5)]
+    for sock in rest:
+        sock.send(b"GET /metrics HTTP/1.1\r\n\r\n")
+    zipped = Client(server)  # another variant: its own render
+    zipped.send(b"GET /metrics HTTP/1.1\r\nAccept-Encoding: gzip\r\n\r\n")
+    wait_for(lambda: server.stats().requests == 7, 10, "seven requests read")
+    agent.gate.set()
+    for sock in [first, *rest]:
         assert sock.response()[2] == BODY
         sock.close()
+    assert gzip.decompress(zipped.response()[2]) == BODY
+    zipped.close()
+    assert (agent.renders, server.stats().coalesced) == (2, 5)
+    assert get(server, "/metrics").status == 200  # nothing kept: a later scrape renders anew
+    assert agent.renders == 3
 
 
 def test_a_client_that_leaves_mid_answer_is_routine(
     serve: Callable[..., MetricsServer], agent: FakeAgent, caplog: pytest.LogCaptureFixture
 ) -> None:
-    agent.body = b"x 1\n" * 1_000_000  # 4 MB: larger than the socket buffers
+    agent.body = BIG
     server = serve()
     caplog.set_level(logging.DEBUG, logger="gpuscope.server")
     for _ in range(3):
-        sock = Client(server)
-        sock.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock = Client(server, rcvbuf=4096)
         sock.send(b"GET /metrics HTTP/1.1\r\n\r\n")
         sock.file.read(100)
         sock.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -485,10 +522,9 @@ def test_idle_deadline_closes_a_kept_alive_connection(serve: Callable[..., Metri
 def test_write_deadline_closes_a_client_that_never_reads(
     serve: Callable[..., MetricsServer], agent: FakeAgent
 ) -> None:
-    agent.body = b"x 1\n" * 2_000_000  # 8 MB: the kernel's buffers cannot take it all
+    agent.body = BIG
     server = serve(write_timeout=0.5)
-    with Client(server) as sock:
-        sock.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    with Client(server, rcvbuf=4096) as sock:
         sock.send(b"GET /metrics HTTP/1.1\r\n\r\n")
         wait_for(lambda: server.stats().write_timeouts == 1, 10, "the write deadline")
     wait_for(lambda: server.stats().open_connections == 0, 10, "the connection to close")
