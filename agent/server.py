@@ -4,10 +4,11 @@ collection done), built to hold under abuse.
 One event-loop thread owns every connection: it reads requests, enforces the limits and
 answers the probes itself. Only a complete /metrics request goes to a small pool of render
 threads, because rendering blocks while the agent collects (requests that arrive during a
-render share it); so a slow scrape never delays a probe, and a thousand silent or slowloris connections cost a few kilobytes each instead of
-a thread each (the threaded server this replaced held 1,012 threads for 1,000 idle
-connections). Every wait has a deadline and every buffer a cap; the limits are constructor
-keywords, documented in docs/architecture.md ("The HTTP server").
+render share it). So a slow scrape never delays a probe, and a thousand silent or slowloris
+connections cost a few kilobytes each instead of a thread each (the threaded server this
+replaced held 1,012 threads for 1,000 idle connections). Every wait has a deadline and
+every buffer a cap; the limits are constructor keywords, documented in
+docs/architecture.md ("The HTTP server").
 """
 
 from __future__ import annotations
