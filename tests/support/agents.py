@@ -69,7 +69,9 @@ def start_inprocess(
         setup(fake)
     fake.activate()
     clock = ManualClock(T0)
-    config = parse(["--listen", "127.0.0.1:0", "--collectors", "gpu", *args], env={})
+    # The test drives the clock by hand: every scrape collects anew (no shared collection).
+    base = ["--listen", "127.0.0.1:0", "--collectors", "gpu", "--collection-max-age", "0"]
+    config = parse([*base, *args], env={})
     agent = Agent(config, clock=clock, background=False)
     handle = InProcess(fake=fake, clock=clock, agent=agent)
     agent.start()
