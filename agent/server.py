@@ -23,6 +23,7 @@ import logging
 import queue
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -296,7 +297,7 @@ class MetricsServer:
         await self._stopping.wait()
         server.close()
         for connection in list(self._connections):
-            connection.abort()
+            connection.kill()
         await server.wait_closed()
         for _ in range(3):  # let the aborted transports run connection_lost: sockets close
             await asyncio.sleep(0)
@@ -522,16 +523,29 @@ class _Connection(asyncio.Protocol):
         once, so a burst of new connections at the cap never picks the same one twice."""
         self._close(graceful=False)
 
+    def kill(self) -> None:
+        """Abort whatever the state, a graceful close in progress included: stop()."""
+        self.state = _State.CLOSED
+        self._cancel_timer()
+        if self.transport is not None:
+            self.transport.abort()
+
     def _close(self, *, graceful: bool) -> None:
-        if self.state is _State.CLOSED or self.transport is None:
+        """Abort (the socket closes on the loop's next turn; the connection is forgotten
+        now) or close gracefully (what is buffered is sent first, within the write
+        deadline; the connection counts as open until it is gone)."""
+        transport = self.transport
+        if self.state is _State.CLOSED or transport is None:
             return
         self.state = _State.CLOSED
         self._cancel_timer()
-        self.server.forget(self)
         if graceful:
-            self.transport.close()
+            transport.close()
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_later(self.server.write_timeout, transport.abort)
         else:
-            self.transport.abort()
+            self.server.forget(self)
+            transport.abort()
 
     # Reading requests.
 
@@ -701,10 +715,12 @@ class _Workers:
         self._jobs.put(job)
 
     def stop(self) -> None:
+        """End the threads, waiting at most a second in all for renders in flight."""
         for _ in self._threads:
             self._jobs.put(None)
+        deadline = time.monotonic() + 1.0
         for thread in self._threads:
-            thread.join(1)
+            thread.join(max(0.0, deadline - time.monotonic()))
         self._threads.clear()
 
     def _run(self) -> None:

@@ -575,3 +575,19 @@ def test_stop_closes_every_socket_and_thread(serve: Callable[..., MetricsServer]
     wait_for(lambda: threading.active_count() == before, 10, "the server's threads to end")
     for sock in clients:
         sock.close()
+
+
+def test_stop_does_not_wait_for_a_hung_render(
+    serve: Callable[..., MetricsServer], agent: FakeAgent
+) -> None:
+    agent.gate = threading.Event()  # never set before stop: a collection stuck in a call
+    server = serve()
+    client = Client(server)
+    client.send(b"GET /metrics HTTP/1.1\r\n\r\n")
+    assert agent.rendering.wait(10)
+    stopper = threading.Thread(target=server.stop)
+    stopper.start()
+    stopper.join(15)
+    assert not stopper.is_alive(), "stop() waited for the hung render"
+    assert client.closed_by_server()
+    client.close()
