@@ -14,6 +14,7 @@ import struct
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter
@@ -591,3 +592,23 @@ def test_stop_does_not_wait_for_a_hung_render(
     assert not stopper.is_alive(), "stop() waited for the hung render"
     assert client.closed_by_server()
     client.close()
+
+
+def test_all_addresses_fall_back_to_ipv4_on_a_host_without_ipv6(
+    serve: Callable[..., MetricsServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpuscope.agent import server as server_module
+
+    real = server_module._listen
+
+    def no_ipv6(family: int, *args: Any, **kwargs: Any) -> socket.socket:
+        if family == socket.AF_INET6:
+            raise OSError(errno.EAFNOSUPPORT, "Address family not supported by protocol")
+        return real(family, *args, **kwargs)
+
+    monkeypatch.setattr(server_module, "_listen", no_ipv6)
+    server = serve(("", 0))
+    assert server.address[0] == "0.0.0.0"
+    assert get(server, "/healthz").status == 200
+    with pytest.raises(OSError):  # [::] asked for IPv6 by name: no silent fallback
+        MetricsServer(("::", 0), CollectorRegistry(), lambda: b"", lambda: True)
