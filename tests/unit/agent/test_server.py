@@ -612,3 +612,20 @@ def test_all_addresses_fall_back_to_ipv4_on_a_host_without_ipv6(
     assert get(server, "/healthz").status == 200
     with pytest.raises(OSError):  # [::] asked for IPv6 by name: no silent fallback
         MetricsServer(("::", 0), CollectorRegistry(), lambda: b"", lambda: True)
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        b"GET http://node:9400/metrics?x=1 HTTP/1.1\r\n\r\n",  # absolute form (RFC 9112 3.2.2)
+        b"GET /metrics HTTP/1.1\n\n",  # bare line feeds, as typed into nc
+        b"\r\nGET /metrics HTTP/1.1\r\nHost: node\r\n\r\n",  # a stray CRLF first
+    ],
+)
+def test_lenient_request_forms_still_get_metrics(
+    serve: Callable[..., MetricsServer], request_bytes: bytes
+) -> None:
+    server = serve()
+    with Client(server) as sock:
+        sock.send(request_bytes)
+        assert sock.response()[:3:2] == (200, BODY)
