@@ -13,6 +13,7 @@ import pytest
 from tests.doubles.fakenvml.control import FakeNvml
 from tests.e2e.test_prometheus_e2e import SCRAPE_INTERVAL_S, start_prometheus
 from tests.support import spawn_agent
+from tests.support.observability import alerting_rules
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -51,6 +52,14 @@ def test_prometheus_scrapes_through_a_hung_gpu_without_a_gap_in_the_others(
         status, metrics = agent.get("/metrics")
         assert status == 200
         assert f'gpuscope_gpu_up{{gpu="{HUNG}"' in metrics
+        # The GPUStuck alert's expression, as written but for its 60 s threshold, picks the
+        # hung GPU and only it; GPULost, which a stuck GPU's up 0 would otherwise trip, not.
+        stuck_rule = next(r for r in alerting_rules() if r["alert"] == "GPUStuck")
+        assert "> 60" in stuck_rule["expr"]
+        firing = prom.query(stuck_rule["expr"].replace("> 60", "> 2"))
+        assert [r["metric"]["gpu"] for r in firing] == [str(HUNG)]
+        lost_rule = next(r for r in alerting_rules() if r["alert"] == "GPULost")
+        assert prom.query(lost_rule["expr"]) == []
         fake.release_calls()
         time.sleep(4 * SCRAPE_INTERVAL_S)
         window = f"{int(time.time() - prom.started) + 1}s"

@@ -107,6 +107,10 @@ PROVOKED: dict[str, dict[str, str]] = {
     "GpuscopeDown": {"node": GONE_NODE},
 }
 NOT_PROVOKED = {
+    "GPUStuck": "its threshold is one NVML call blocked for 60 s; tests/e2e/test_hang_e2e.py "
+    "hangs a GPU under a real Prometheus and evaluates it with a 2 s threshold",
+    "GpuscopeCollectorStuck": "the simulated node's collectors do not hang; the stuck series "
+    "are proven in tests/unit/agent/test_deadlines.py and test_health.py",
     "GPUAllocatedIdle": "its threshold is 30 minutes of idleness, measured by the agent in real "
     "time",
     'GPUTemperatureHigh{sensor="memory"}': "the fake NVML's HBM temperature follows memory "
