@@ -49,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             health=agent.health_detail,
         )
     except OSError as exc:
-        where = f"{host or '*'}:{port}"
+        where = f"[{host}]:{port}" if ":" in host else f"{host or '*'}:{port}"
         reason = "address already in use" if exc.errno == errno.EADDRINUSE else exc.strerror
         print(f"gpuscope: cannot listen on {where}: {reason}", file=sys.stderr)
         return EXIT_RUNTIME
@@ -71,10 +71,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGHUP, on_hangup)
 
     server.start()
+    bound, bound_port = server.address
     log.info(
         "serving on http://%s:%d/metrics (node %s)",
-        host or "0.0.0.0",
-        server.port,
+        f"[{bound}]" if ":" in bound else bound,
+        bound_port,
         config.agent.node_name,
     )
     labels = None
