@@ -18,6 +18,7 @@ same text a `gid_attrs/ndevs` file naming it reads as.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 from gpuscope.agent.hostfs import HostFs, label_text
@@ -42,7 +43,7 @@ class NicSource(StatelessSource):
         self.fs = HostFs("nic")
 
     def collect(self) -> NicSnapshot:
-        return read_nics(self.sysfs, self.fs)
+        return replace(read_nics(self.sysfs, self.fs), dropped=self.fs.counts())
 
 
 def read_nics(sysfs: Path, fs: HostFs = SYSFS) -> NicSnapshot:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
@@ -136,7 +137,7 @@ class RdmaSource(StatelessSource):
         self.fs = HostFs("rdma")
 
     def collect(self) -> RdmaSnapshot:
-        return read_rdma(self.sysfs, self.fs)
+        return replace(read_rdma(self.sysfs, self.fs), dropped=self.fs.counts())
 
 
 def read_rdma(sysfs: Path, fs: HostFs = SYSFS) -> RdmaSnapshot:

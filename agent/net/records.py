@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from gpuscope.agent.hostfs import Reason
+
 PROTOCOLS = ("tcp", "udp")  # traffic_key.proto
 DIRECTIONS = ("transmit", "receive")  # traffic_key.dir
 RTT_SLOTS = 27  # log2 slots of srtt in microseconds: slot s holds [2^(s-1), 2^s) µs
@@ -72,6 +74,8 @@ class NicReading:
 @dataclass(frozen=True, slots=True)
 class NicSnapshot:
     nics: tuple[NicReading, ...]
+    # Files under --sysfs left out since start, by reason (agent/hostfs.py REASONS).
+    dropped: Mapping[Reason, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,3 +113,5 @@ class RdmaDevice:
 @dataclass(frozen=True, slots=True)
 class RdmaSnapshot:
     devices: tuple[RdmaDevice, ...]
+    # Files under --sysfs left out since start, by reason (agent/hostfs.py REASONS).
+    dropped: Mapping[Reason, int] = field(default_factory=dict)

@@ -14,11 +14,13 @@ INPUT_METRICS: tuple[MetricSpec, ...] = (
         + " (unreadable: permission or I/O error; loop: a symbolic link loop; too_large: a "
         "file over the read cap; invalid: content that could not be parsed). For "
         'stage="attribution", GPU processes whose /proc/<pid>/cgroup failed: their memory '
-        "and utilization are on no pod series. Bytes that are not UTF-8 drop nothing: they "
-        "are kept, written \\xNN.",
+        'and utilization are on no pod series; for stage="nic" and "rdma", files under '
+        "--sysfs, whose values are absent. Bytes that are not UTF-8 drop nothing: they are "
+        "kept, written \\xNN.",
         ("stage", "reason"),
         "attribution",
-        "Every reason, from the first scrape (0 until a drop). One log line per failing "
-        "file and change of state, never one per scrape.",
+        "Every reason, for the attribution stage and the nic and rdma collectors that are "
+        "enabled, from the first scrape (0 until a drop). One log line per failing file and "
+        "change of state, never one per scrape.",
     ),
 )

@@ -3,6 +3,9 @@ only; what describes a device is on its `_info` series, so device series stay st
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+from gpuscope.agent.hostfs import Reason
 from gpuscope.agent.net.collector import NIC, RDMA
 from gpuscope.agent.net.records import (
     NicReading,
@@ -22,6 +25,7 @@ def render_nic(
 ) -> None:
     for nic in snapshot.nics:
         _render_nic(nic, out)
+    _render_dropped("nic", snapshot.dropped, out)
 
 
 def _render_nic(n: NicReading, out: Families) -> None:
@@ -62,6 +66,14 @@ def render_rdma(
     for device in snapshot.devices:
         for port in device.ports:
             _render_port(device, port, out)
+    if snapshot.devices or any(snapshot.dropped.values()):  # a node without RDMA: nothing
+        _render_dropped("rdma", snapshot.dropped, out)
+
+
+def _render_dropped(stage: str, dropped: Mapping[Reason, int], out: Families) -> None:
+    """Files under --sysfs this collector left out (a loop, unreadable, over the cap)."""
+    for reason, count in dropped.items():
+        out.add("gpuscope_inputs_dropped_total", (stage, reason), count)
 
 
 def _render_port(d: RdmaDevice, p: RdmaPort, out: Families) -> None:

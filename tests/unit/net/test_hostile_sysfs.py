@@ -76,6 +76,10 @@ def test_a_netdev_link_that_loops_is_skipped_and_logged_once(
     lines = [r.getMessage() for r in caplog.records if r.name == "gpuscope.hostfs"]
     assert len(lines) == 1 and lines[0].startswith("nic: cannot read") and "ELOOP" in lines[0]
     assert source.fs.counts()["loop"] == 3
+    # ... and counted on /metrics, so the drop is visible without reading the log.
+    m = scrape(render_nic, result.records)
+    assert m.value("gpuscope_inputs_dropped_total", stage="nic", reason="loop") == 3
+    assert m.value("gpuscope_inputs_dropped_total", stage="nic", reason="unreadable") == 0
 
 
 def test_a_statistics_loop_costs_only_that_netdevs_counters(tree: Path) -> None:
@@ -146,6 +150,8 @@ def test_rdma_source_survives_a_counter_directory_loop(tree: Path) -> None:
     assert port.transmit_bytes is None and port.counters == {}
     assert port.state_name == "ACTIVE" and port.hw_counters  # the rest of the port is read
     assert source.fs.counts()["loop"] == 1
+    m = scrape(render_rdma, source.collect())
+    assert m.value("gpuscope_inputs_dropped_total", stage="rdma", reason="loop") == 2
 
 
 def test_pci_location_with_a_huge_numa_node_has_no_numa_node(
