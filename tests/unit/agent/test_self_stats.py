@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import threading
 import time
+from pathlib import Path
 
 from gpuscope.agent.self_stats import read_process_stats
 
 
 def _status_kib(field: str) -> int:
-    for line in open("/proc/self/status"):
+    for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):
             return int(line.split()[1])
     raise AssertionError(field)
@@ -37,15 +39,15 @@ def test_threads_and_files_are_counted_as_they_come_and_go() -> None:
     threads = [threading.Thread(target=stop.wait) for _ in range(5)]
     for t in threads:
         t.start()
-    files = [open("/dev/null") for _ in range(7)]
     try:
-        during = read_process_stats()
+        with contextlib.ExitStack() as files:
+            for _ in range(7):
+                files.enter_context(Path("/dev/null").open())
+            during = read_process_stats()
     finally:
         stop.set()
         for t in threads:
             t.join()
-        for f in files:
-            f.close()
     assert before is not None and during is not None
     assert during.threads == before.threads + 5
     assert during.python_threads == before.python_threads + 5
