@@ -108,6 +108,7 @@ bench: venv fakenvml kernel
 	$(PY) bench/bench_gpu.py
 	$(PY) -W ignore bench/bench_net.py
 	$(PY) -W ignore bench/bench_attribution.py
+	$(PY) bench/server_abuse.py --agent
 
 clean:
 	rm -rf $(BUILD) $(VENV)
