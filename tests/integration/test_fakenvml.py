@@ -63,6 +63,8 @@ EXPORTED = {
     "nvmlSystemGetTopologyGpuSet", "nvmlDeviceGetNvLinkRemotePciInfo_v2",
     "nvmlDeviceGetNvLinkRemoteDeviceType", "nvmlDeviceGetNvLinkCapability",
     "nvmlDeviceGetGpuFabricInfo", "nvmlDeviceGetGpuFabricInfoV",
+    "nvmlGpmQueryDeviceSupport", "nvmlGpmSampleAlloc", "nvmlGpmSampleFree", "nvmlGpmSampleGet",
+    "nvmlGpmMigSampleGet", "nvmlGpmMetricsGet",
 }  # fmt: skip
 
 NVLINK_CRC_DATA_FIELDS = [*range(39, 45), *range(102, 108)]  # ..._CRC_DATA_ERROR_COUNT_L0..L11
@@ -1258,6 +1260,7 @@ LEVELED_CALLS: list[tuple[str, int, Callable[[Any], Any]]] = [
     ("nvmlDeviceGetGpuFabricInfoV", 550,
      lambda h: nv.nvmlDeviceGetGpuFabricInfoV(h, ctypes.byref(nv.c_nvmlGpuFabricInfoV_t()))),
     ("nvmlDeviceGetNumaNodeId", 550, nv.nvmlDeviceGetNumaNodeId),
+    ("nvmlGpmQueryDeviceSupport", 520, nv.nvmlGpmQueryDeviceSupport),
 ]  # fmt: skip
 
 
@@ -1274,7 +1277,8 @@ def present(call: Callable[[], Any]) -> bool:
 
 def test_every_profile_has_a_known_branch() -> None:
     # dgx-h100-realistic is dgx-h100 (550) in realistic-timing mode (test_fakenvml_timing.py)
-    others = {"hgx-nvlink-bridge", "pcie-l40s", "dgx-h100-realistic"}
+    # dgx-h100-mig is dgx-h100 with MIG GPUs (test_fakenvml_gpm.py)
+    others = {"hgx-nvlink-bridge", "pcie-l40s", "dgx-h100-realistic", "dgx-h100-mig"}
     assert set(BRANCHES) | others == set(list_profiles())
     for profile, branch in BRANCHES.items():
         assert int(load_profile(profile)["driver_version"].split(".")[0]) == branch

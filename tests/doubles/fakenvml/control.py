@@ -56,6 +56,20 @@ _FABRIC_STATES = {"not_supported": 0, "not_started": 1, "in_progress": 2, "compl
 _FABRIC_HEALTH_SUMMARIES = {"not_supported": 0, "healthy": 1, "unhealthy": 2,
                             "limited_capacity": 3}  # fmt: skip
 
+# GPM activity (nvmlGpmMetricsGet): each modelled metric is one of these fractions of the GPU's
+# utilization timeline, in the order of the state file's "gpm" lines.  "graphics" is
+# GRAPHICS_UTIL, "sm_active" SM_UTIL, "tensor" ANY_TENSOR_UTIL, "dram" DRAM_BW_UTIL.
+GPM_ACTIVITY_KEYS = ("graphics", "sm_active", "sm_occupancy", "tensor", "dram",
+                     "fp64", "fp32", "fp16", "integer")  # fmt: skip
+# What a Hopper-or-later GPU (and each MIG GPU instance) does while busy unless the profile's
+# "gpm_activity" or set_gpm_activity() says otherwise: a dense bf16 training step, whose
+# kernels keep most SMs but far from every warp slot busy.
+DEFAULT_GPM_ACTIVITY: dict[str, float] = {
+    "graphics": 1.0, "sm_active": 0.85, "sm_occupancy": 0.45, "tensor": 0.55, "dram": 0.4,
+    "fp64": 0.0, "fp32": 0.2, "fp16": 0.1, "integer": 0.15,
+}  # fmt: skip
+MIG_COMPUTE_SLICES = 7  # a whole MIG-capable GPU, as fakenvml.c's FAKE_MIG_SLICES
+
 # Realistic-timing mode: process utilization samples every this many seconds (see README).
 DEFAULT_PROCESS_SAMPLE_PERIOD = 5.0
 
@@ -166,6 +180,12 @@ def _check_pct(value: float, what: str) -> float:
     return float(value)
 
 
+def _check_fraction(value: float, what: str) -> float:
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{what} must be within [0, 1], got {value}")
+    return float(value)
+
+
 def _check_function(function: str | None) -> None:
     if function is not None and (not function.startswith("nvml") or " " in function):
         raise ValueError(f"not an NVML entry point name: {function!r}")
@@ -272,6 +292,8 @@ class _Gpu:
     migs: list[_Mig] = field(default_factory=list)
     procs: dict[int, _Process] = field(default_factory=dict)
     fabric_script: list[tuple[int, int, int]] = field(default_factory=list)  # start_us, state, st
+    # GPM activity: (start_us, gpu instance id or -1 for the whole GPU, GPM_ACTIVITY_KEYS values)
+    gpm: list[tuple[int, int, tuple[float, ...]]] = field(default_factory=list)
 
 
 def _hex_or_int(value: str | int) -> int:
@@ -554,6 +576,11 @@ class FakeNvml:
                         uuid=m["uuid"],
                     )
                 )
+            if int(gpu.attrs["arch"]) >= _ARCHITECTURES["hopper"]:
+                activity = {**DEFAULT_GPM_ACTIVITY, **self.profile.get("gpm_activity", {})}
+                values = tuple(_check_fraction(activity[k], k) for k in GPM_ACTIVITY_KEYS)
+                for gi in [-1, *sorted({m.gi for m in gpu.migs})]:
+                    gpu.gpm.append((self._boot_us, gi, values))
             self._gpus.append(gpu)
         self._nvlink_remotes = _nvlink_remotes(self.profile)
         self._numa_cpus = {
@@ -695,6 +722,8 @@ class FakeNvml:
                 yield f"ls {i} {link} {start} {int(up)}"
             for start, state, status in gpu.fabric_script:
                 yield f"fs {i} {start} {state} {status}"
+            for start, gi, values in gpu.gpm:
+                yield f"gpm {i} {gi} {start} {' '.join(_num(v) for v in values)}"
             for m in gpu.migs:
                 used = sum(
                     pr.used_memory_bytes
@@ -800,6 +829,53 @@ class FakeNvml:
         """Exact integral of GPU utilization / 100 over [start, end] (epoch seconds)."""
         return self._util_integral(self._gpu(gpu), 0, _to_us(start), _to_us(end)) / 100.0 / 1e6
 
+    def gpm_activity(self, gpu: int, mig_instance: int | None = None) -> dict[str, float]:
+        """The GPM activity fractions in force now for the GPU or one of its GPU instances."""
+        with self._lock:
+            g = self._gpu(gpu)
+            gi = -1 if mig_instance is None else int(mig_instance)
+            current = [v for _, scope, v in g.gpm if scope == gi]
+            values = (
+                current[-1]
+                if current
+                else tuple(1.0 if k == "graphics" else 0.0 for k in GPM_ACTIVITY_KEYS)
+            )
+            return dict(zip(GPM_ACTIVITY_KEYS, values, strict=True))
+
+    def true_gpm_seconds(
+        self, gpu: int, key: str, start: float, end: float, mig_instance: int | None = None
+    ) -> float:
+        """Exact integral of one GPM metric (a GPM_ACTIVITY_KEYS name, as a ratio) over
+        [start, end]: what nvmlGpmMetricsGet's percentage x the window / 100 comes to.  A
+        MIG-enabled GPU as a whole is its GPU instances weighted by their compute slices."""
+        k = GPM_ACTIVITY_KEYS.index(key)
+        a, b = _to_us(start), _to_us(end)
+        with self._lock:
+            g = self._gpu(gpu)
+            if mig_instance is None and int(g.attrs["mig_mode"]):
+                slices: dict[int, int] = {}
+                for m in g.migs:
+                    slices.setdefault(m.gi, m.slices)
+                total = sum(n * self._gpm_integral(g, gi, k, a, b) for gi, n in slices.items())
+                return total / MIG_COMPUTE_SLICES / 100.0 / 1e6
+            gi = -1 if mig_instance is None else int(mig_instance)
+            return self._gpm_integral(g, gi, k, a, b) / 100.0 / 1e6
+
+    def _gpm_integral(self, g: _Gpu, gi: int, k: int, a: int, b: int) -> float:
+        """fraction x utilization integrated over [a, b) (pct x us), as gpm_scope_percent()."""
+        total, f, cur = 0.0, 1.0 if k == 0 else 0.0, a
+        for start, scope, values in g.gpm:
+            if scope != gi or cur >= b:
+                continue
+            if start > cur:
+                end = min(start, b)
+                total += f * self._util_integral(g, 0, cur, end)
+                cur = end
+            f = values[k]
+        if b > cur:
+            total += f * self._util_integral(g, 0, cur, b)
+        return total
+
     @staticmethod
     def _util_integral(gpu: _Gpu, which: int, a: int, b: int) -> float:
         total = 0.0
@@ -850,6 +926,49 @@ class FakeNvml:
         with self._lock:
             g = self._gpu(gpu)
             self._append_timeline(g.util, _UtilEntry(self._now_us(), repeat, tuple(segs)))
+            self._commit()
+
+    def set_gpm_activity(
+        self,
+        gpu: int,
+        *,
+        sm_active: float | None = None,
+        sm_occupancy: float | None = None,
+        graphics: float | None = None,
+        tensor: float | None = None,
+        dram: float | None = None,
+        fp64: float | None = None,
+        fp32: float | None = None,
+        fp16: float | None = None,
+        integer: float | None = None,
+        mig_instance: int | None = None,
+    ) -> None:
+        """From now on, what the GPU (or its MIG GPU instance ``mig_instance``, by GPU instance
+        id) does while busy: each GPM metric is its fraction (0-1) x the utilization timeline.
+        Fractions not given keep their current value."""
+        given = {
+            "graphics": graphics, "sm_active": sm_active, "sm_occupancy": sm_occupancy,
+            "tensor": tensor, "dram": dram, "fp64": fp64, "fp32": fp32, "fp16": fp16,
+            "integer": integer,
+        }  # fmt: skip
+        with self._lock:
+            g = self._gpu(gpu)
+            gi = -1
+            if mig_instance is not None:
+                gi = int(mig_instance)
+                if gi not in {m.gi for m in g.migs}:
+                    raise ValueError(f"GPU {gpu} has no GPU instance {gi}")
+            values = self.gpm_activity(gpu, mig_instance)
+            for key, value in given.items():
+                if value is not None:
+                    values[key] = _check_fraction(value, key)
+            now = self._now_us()
+            others = [e for e in g.gpm if e[1] != gi]
+            mine = [e for e in g.gpm if e[1] == gi and e[0] < now]
+            g.gpm = sorted(
+                [*others, *mine, (now, gi, tuple(values[k] for k in GPM_ACTIVITY_KEYS))],
+                key=lambda e: e[0],
+            )
             self._commit()
 
     def set_memory_used(self, gpu: int, used_bytes: int) -> None:

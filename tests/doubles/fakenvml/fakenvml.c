@@ -372,6 +372,69 @@ _Static_assert(sizeof(nvmlGpuFabricInfo_v3_t) == 40, "nvmlGpuFabricInfo_v3_t");
 _Static_assert(nvmlGpuFabricInfo_v3 == 0x03000028u, "nvmlGpuFabricInfo_v3");
 _Static_assert(offsetof(nvmlGpuFabricInfo_v3_t, healthSummary) == 36, "healthSummary");
 
+/* GPM (GPU Performance Monitoring), first in the R520 header: nvml.h's nvmlGpmSample_t (an
+ * opaque handle from nvmlGpmSampleAlloc), nvmlGpmMetric_t, nvmlGpmMetricsGet_t and
+ * nvmlGpmSupport_t.  nvmlGpmMetricsGet_t ends in metrics[NVML_GPM_METRIC_MAX]; that maximum
+ * grew with the headers (98 up to R535, 477 in nvidia-ml-py 13.x) while
+ * NVML_GPM_METRICS_GET_VERSION stayed 1, so the library reads and writes only the first
+ * numMetrics entries, and accepts at most the 98 of the oldest header. */
+#define NVML_DEVICE_ARCH_HOPPER 9u
+#define NVML_GPM_METRICS_GET_VERSION 1u
+#define NVML_GPM_SUPPORT_VERSION 1u
+#define FAKE_GPM_METRIC_MAX 98u
+
+#define NVML_GPM_METRIC_GRAPHICS_UTIL 1u
+#define NVML_GPM_METRIC_SM_UTIL 2u
+#define NVML_GPM_METRIC_SM_OCCUPANCY 3u
+#define NVML_GPM_METRIC_INTEGER_UTIL 4u
+#define NVML_GPM_METRIC_ANY_TENSOR_UTIL 5u
+#define NVML_GPM_METRIC_IMMA_TENSOR_UTIL 9u
+#define NVML_GPM_METRIC_DRAM_BW_UTIL 10u
+#define NVML_GPM_METRIC_FP64_UTIL 11u
+#define NVML_GPM_METRIC_FP32_UTIL 12u
+#define NVML_GPM_METRIC_FP16_UTIL 13u
+#define NVML_GPM_METRIC_PCIE_TX_PER_SEC 20u
+#define NVML_GPM_METRIC_PCIE_RX_PER_SEC 21u
+#define NVML_GPM_METRIC_NVDEC_0_UTIL 30u
+#define NVML_GPM_METRIC_NVDEC_7_UTIL 37u
+#define NVML_GPM_METRIC_NVJPG_0_UTIL 40u
+#define NVML_GPM_METRIC_NVJPG_7_UTIL 47u
+#define NVML_GPM_METRIC_NVOFA_0_UTIL 50u
+#define NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC 60u
+#define NVML_GPM_METRIC_NVLINK_L17_TX_PER_SEC 97u
+
+typedef struct nvmlGpmSample_st *nvmlGpmSample_t;
+
+typedef struct {
+    unsigned int metricId;
+    nvmlReturn_t nvmlReturn;
+    double value;
+    struct {
+        char *shortName;
+        char *longName;
+        char *unit;
+    } metricInfo;
+} nvmlGpmMetric_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned int numMetrics;
+    nvmlGpmSample_t sample1;
+    nvmlGpmSample_t sample2;
+    nvmlGpmMetric_t metrics[FAKE_GPM_METRIC_MAX];
+} nvmlGpmMetricsGet_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned int isSupportedDevice;
+} nvmlGpmSupport_t;
+
+_Static_assert(sizeof(nvmlGpmMetric_t) == 40, "nvmlGpmMetric_t");
+_Static_assert(offsetof(nvmlGpmMetric_t, value) == 8, "nvmlGpmMetric_t.value");
+_Static_assert(offsetof(nvmlGpmMetricsGet_t, sample1) == 8, "nvmlGpmMetricsGet_t.sample1");
+_Static_assert(offsetof(nvmlGpmMetricsGet_t, metrics) == 24, "nvmlGpmMetricsGet_t.metrics");
+_Static_assert(sizeof(nvmlGpmSupport_t) == 8, "nvmlGpmSupport_t");
+
 /* ======================================================================== */
 /* 2. State model                                                            */
 /* ======================================================================== */
@@ -449,6 +512,18 @@ typedef struct {
     int gpu;
     char fn[64];
 } storm_t;
+
+/* GPM activity ("gpm" line): from `start` on, each modelled GPM metric of one scope (the
+ * whole GPU, gi < 0, or one MIG GPU instance) is this fraction of the GPU's utilization
+ * timeline; see gpm_percent(). */
+enum { GPM_GR, GPM_SM, GPM_OCC, GPM_TENSOR, GPM_DRAM, GPM_FP64, GPM_FP32, GPM_FP16, GPM_INT,
+       GPM_COUNT };
+
+typedef struct {
+    int64_t start;
+    int gi;            /* -1: the whole GPU (not in MIG mode) */
+    double f[GPM_COUNT];
+} gpment_t;
 
 typedef struct {
     unsigned gi;
@@ -558,6 +633,8 @@ typedef struct {
     int nls, cls;
     proc_t *procs;
     int nprocs, cprocs;
+    gpment_t *gpm;                /* GPM activity, start non-decreasing per scope */
+    int ngpm, cgpm;
 } gpu_t;
 
 typedef struct {
@@ -608,6 +685,7 @@ static void state_free(state_t *s) {
         free(g->ls);
         free(g->procs);
         free(g->fs);
+        free(g->gpm);
     }
     free(s->ev);
     free(s->lat);
@@ -988,6 +1066,31 @@ static int parse_mig(state_t *s, char *p) {
     return 0;
 }
 
+/* "gpm <gpu> <gi|-1> <start_us> <gr> <sm> <occ> <tensor> <dram> <fp64> <fp32> <fp16> <int>",
+ * each a fraction in [0, 1]. */
+static int parse_gpm(state_t *s, char *p) {
+    unsigned gi;
+    int64_t inst;
+    gpment_t e;
+    memset(&e, 0, sizeof e);
+    if (next_u32(&p, &gi) != 0 || gi >= (unsigned)s->ngpu) return -1;
+    if (next_i64(&p, &inst) != 0 || inst < -1 || inst > INT_MAX || next_i64(&p, &e.start) != 0)
+        return -1;
+    e.gi = (int)inst;
+    for (int k = 0; k < GPM_COUNT; k++)
+        if (next_dbl(&p, &e.f[k]) != 0 || !(e.f[k] >= 0.0 && e.f[k] <= 1.0)) return -1;
+    if (!at_end(p)) return -1;
+    gpu_t *g = &s->gpu[gi];
+    for (int i = g->ngpm - 1; i >= 0; i--) {
+        if (g->gpm[i].gi != e.gi) continue;
+        if (e.start < g->gpm[i].start) return -1; /* append-only per scope */
+        break;
+    }
+    if (grow((void **)&g->gpm, &g->cgpm, g->ngpm, sizeof(gpment_t)) != 0) return -1;
+    g->gpm[g->ngpm++] = e;
+    return 0;
+}
+
 /* "proc <gpu> <pid> <used_bytes> <sm_pct> <mem_pct> <gi> <ci>" */
 static int parse_proc(state_t *s, char *p) {
     unsigned gi;
@@ -1080,6 +1183,7 @@ static int parse_line(state_t *s, char *line, int *seen_end) {
     if (strcmp(kw, "link") == 0) return parse_link_errors(s, p);
     if (strcmp(kw, "mig") == 0) return parse_mig(s, p);
     if (strcmp(kw, "proc") == 0) return parse_proc(s, p);
+    if (strcmp(kw, "gpm") == 0) return parse_gpm(s, p);
     if (strcmp(kw, "ev") == 0) return parse_event(s, p);
     if (strcmp(kw, "nvr") == 0) return parse_nvlink_remote(s, p);
     if (strcmp(kw, "numa") == 0) return parse_numa_cpus(s, p);
@@ -1349,6 +1453,46 @@ static double energy_mj(const gpu_t *g, int64_t boot, int64_t t) {
     return e;
 }
 
+/* GPM: a metric of one scope (gi < 0: the whole GPU) over [a, b), in percent: the integral
+ * of (activity fraction x GPU utilization) over the window divided by its length, the
+ * fraction following the scope's "gpm" lines (zero before the first; the graphics engine is
+ * active whenever a kernel runs, 1, unless scripted).  Exact whatever the window, so a
+ * caller's rates and integrals can be checked to the last digit. */
+static double gpm_scope_percent(const gpu_t *g, int gi, int metric, int64_t a, int64_t b) {
+    if (b <= a) return 0.0;
+    double sum = 0.0, f = metric == GPM_GR ? 1.0 : 0.0;
+    int64_t cur = a;
+    for (int i = 0; i < g->ngpm && cur < b; i++) {
+        const gpment_t *e = &g->gpm[i];
+        if (e->gi != gi) continue;
+        if (e->start > cur) {
+            int64_t end = e->start < b ? e->start : b;
+            sum += f * util_integral(g, UTIL_GPU, cur, end);
+            cur = end;
+        }
+        f = e->f[metric];
+    }
+    if (b > cur) sum += f * util_integral(g, UTIL_GPU, cur, b);
+    return sum / (double)(b - a);
+}
+
+#define FAKE_MIG_SLICES 7u /* compute slices of a whole MIG-capable GPU */
+
+/* A scope's metric; a MIG-enabled GPU as a whole is its GPU instances weighted by their
+ * compute slices (idle slices count as idle). */
+static double gpm_percent(const gpu_t *g, int gi, int metric, int64_t a, int64_t b) {
+    if (gi >= 0 || !g->mig_mode) return gpm_scope_percent(g, gi, metric, a, b);
+    double sum = 0.0;
+    for (int m = 0; m < g->nmig; m++) {
+        int seen = 0; /* a GPU instance with several compute instances counts once */
+        for (int j = 0; j < m; j++) seen |= g->mig[j].gi == g->mig[m].gi;
+        if (seen) continue;
+        sum += (double)g->mig[m].slices *
+               gpm_scope_percent(g, (int)g->mig[m].gi, metric, a, b);
+    }
+    return sum / (double)FAKE_MIG_SLICES;
+}
+
 static int link_up_at(const gpu_t *g, int link, int64_t t) {
     int up = 1;
     for (int i = 0; i < g->nls && g->ls[i].start <= t; i++)
@@ -1596,6 +1740,8 @@ static void sleep_us(int64_t us) {
  *                                                 R515 header (nvml.h of R510 itself not read)
  *   nvmlDeviceGetMemoryInfo_v2               510  same evidence; in the nvml.h of 510.39.01
  *                                                 (NVIDIA/nvidia-settings issue #78)
+ *   nvmlGpm* (QueryDeviceSupport, SampleAlloc, SampleFree, SampleGet, MigSampleGet,
+ *   MetricsGet)                              520  not in the R515 header, in R520
  *   nvmlDeviceGetGpuMaxPcieLinkGeneration    525  not in the R520 header, in R525
  *   nvmlDeviceGetGpuFabricInfo               525  not in the R520 header, in R525
  *   nvmlDeviceGetCurrentClocksEventReasons   535  not in the R530 header, in R535
@@ -1603,8 +1749,8 @@ static void sleep_us(int64_t us) {
  *   nvmlDeviceGetNumaNodeId                  550  not in the R545 header, in R550
  *
  * Not exported at all (FUNCTION_NOT_FOUND at every level): the Graphics and MPSCompute
- * RunningProcesses calls (their _v3 came with the compute one, R510), GPM (nvmlGpm*, first in
- * the R520 header).  Every other export is in pynvml 11.470.66, the oldest level modelled.
+ * RunningProcesses calls (their _v3 came with the compute one, R510).  Every other export is
+ * in pynvml 11.470.66, the oldest level modelled.
  * nvmlGpuFabricInfo_v3 (healthSummary), first in the R580 header, answers
  * ARGUMENT_VERSION_MISMATCH before R580, and _v3 of the running processes fills the 32-byte
  * entry of the 535.54 header on R535 before 535.104 (cc_process_entry()).
@@ -1619,6 +1765,7 @@ typedef enum {
     API_NUMA_NODE_ID,
     API_CONF_COMPUTE_MEM_SIZE,
     API_PROCESS_DETAIL_LIST,
+    API_GPM,
     API_COUNT
 } api_t;
 
@@ -1627,7 +1774,7 @@ static const unsigned api_first_branch[API_COUNT] = {
     [API_GPU_MAX_PCIE_GEN] = 525,     [API_FABRIC_INFO] = 525,
     [API_CLOCKS_EVENT_REASONS] = 535, [API_FABRIC_INFO_V] = 550,
     [API_NUMA_NODE_ID] = 550,         [API_CONF_COMPUTE_MEM_SIZE] = 535,
-    [API_PROCESS_DETAIL_LIST] = 535,
+    [API_PROCESS_DETAIL_LIST] = 535, [API_GPM] = 520,
 };
 
 /* Entry points that came within a branch: first minor release, else 0 (the branch's first).
@@ -3450,5 +3597,184 @@ EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device,
     memcpy(gpuFabricInfo, &v2, sizeof v2); /* a v2 caller's struct is only this large */
     if (version == nvmlGpuFabricInfo_v3)
         gpuFabricInfo->healthSummary = (unsigned char)c.g->fabric_health_summary;
+    return leave(NVML_SUCCESS);
+}
+
+/* ---- GPM (GPU Performance Monitoring) --------------------------------------
+ * Hopper and later only (nvml.h: "For Hopper or newer fully supported devices"): on older
+ * architectures nvmlGpmQueryDeviceSupport answers isSupportedDevice 0 and the sample calls
+ * NOT_SUPPORTED.  A sample records its scope (GPU, MIG GPU instance) and the fake time it was
+ * taken; nvmlGpmMetricsGet computes each metric over the window between two samples of the
+ * same scope (gpm_percent()), so a caller's rates are exact.  What nvml.h leaves open is
+ * answered the strict way: a freed, never-allocated or never-filled sample, samples of
+ * different scopes and a second sample not later than the first are INVALID_ARGUMENT; a
+ * GPU instance that does not exist is NOT_FOUND; a MIG device handle is NOT_SUPPORTED
+ * (GPM samples a GPU, or a GPU instance through its parent).  Metrics NVML defines but the
+ * fake does not model (PCIe, NVLink, NVDEC/NVJPG/NVOFA, the DFMA/HMMA/DMMA/IMMA tensor
+ * pipes) answer NOT_SUPPORTED per metric; ids nvml.h does not define, INVALID_ARGUMENT. */
+#define FAKE_GPM_SAMPLES 512
+
+struct nvmlGpmSample_st {
+    int allocated;
+    int filled;
+    unsigned gpu;
+    int gi; /* -1: the whole GPU */
+    int64_t ts;
+};
+
+static struct nvmlGpmSample_st g_gpm[FAKE_GPM_SAMPLES]; /* lock held */
+
+static struct nvmlGpmSample_st *resolve_gpm_sample(nvmlGpmSample_t sample) {
+    uintptr_t p = (uintptr_t)sample, base = (uintptr_t)&g_gpm[0];
+    if (p < base || p >= base + sizeof g_gpm || (p - base) % sizeof g_gpm[0] != 0) return NULL;
+    struct nvmlGpmSample_st *e = &g_gpm[(p - base) / sizeof g_gpm[0]];
+    return e->allocated ? e : NULL;
+}
+
+static int gpm_capable(const gpu_t *g) {
+    return g->arch != 0xFFFFFFFFu && g->arch >= NVML_DEVICE_ARCH_HOPPER;
+}
+
+EXPORT nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t device, nvmlGpmSupport_t *gpmSupport) {
+    ctx_t c;
+    nvmlReturn_t r = enter_dev_api(&c, device, 0, API_GPM);
+    if (r != NVML_SUCCESS) return leave(r);
+    if (gpmSupport == NULL) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (gpmSupport->version != NVML_GPM_SUPPORT_VERSION)
+        return leave(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    gpmSupport->isSupportedDevice = gpm_capable(c.g) ? 1u : 0u;
+    return leave(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlGpmSampleAlloc(nvmlGpmSample_t *gpmSample) {
+    ctx_t c;
+    nvmlReturn_t r = enter_full(&c, __func__, (int)API_GPM, NULL, 0);
+    if (r != NVML_SUCCESS) return leave(r);
+    if (gpmSample == NULL) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    for (int i = 0; i < FAKE_GPM_SAMPLES; i++) {
+        if (g_gpm[i].allocated) continue;
+        memset(&g_gpm[i], 0, sizeof g_gpm[i]);
+        g_gpm[i].allocated = 1;
+        *gpmSample = &g_gpm[i];
+        return leave(NVML_SUCCESS);
+    }
+    return leave(NVML_ERROR_MEMORY);
+}
+
+EXPORT nvmlReturn_t nvmlGpmSampleFree(nvmlGpmSample_t gpmSample) {
+    ctx_t c;
+    nvmlReturn_t r = enter_full(&c, __func__, (int)API_GPM, NULL, 0);
+    if (r != NVML_SUCCESS) return leave(r);
+    struct nvmlGpmSample_st *e = resolve_gpm_sample(gpmSample);
+    if (e == NULL) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    memset(e, 0, sizeof *e);
+    return leave(NVML_SUCCESS);
+}
+
+/* Fills a sample of (GPU, gi); lock held, c from enter_dev. */
+static nvmlReturn_t gpm_fill(const ctx_t *c, int gi, nvmlGpmSample_t gpmSample) {
+    if (!gpm_capable(c->g)) return NVML_ERROR_NOT_SUPPORTED;
+    struct nvmlGpmSample_st *e = resolve_gpm_sample(gpmSample);
+    if (e == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    e->filled = 1;
+    e->gpu = c->gpu;
+    e->gi = gi;
+    e->ts = c->now;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t device, nvmlGpmSample_t gpmSample) {
+    ctx_t c;
+    nvmlReturn_t r = enter_dev_api(&c, device, 0, API_GPM);
+    if (r != NVML_SUCCESS) return leave(r);
+    return leave(gpm_fill(&c, -1, gpmSample));
+}
+
+EXPORT nvmlReturn_t nvmlGpmMigSampleGet(nvmlDevice_t device, unsigned int gpuInstanceId,
+                                        nvmlGpmSample_t gpmSample) {
+    ctx_t c;
+    nvmlReturn_t r = enter_dev_api(&c, device, 0, API_GPM);
+    if (r != NVML_SUCCESS) return leave(r);
+    if (!gpm_capable(c.g) || !c.g->mig_mode) return leave(NVML_ERROR_NOT_SUPPORTED);
+    int found = 0;
+    for (int m = 0; m < c.g->nmig; m++) found |= c.g->mig[m].gi == gpuInstanceId;
+    if (!found || gpuInstanceId > (unsigned)INT_MAX) return leave(NVML_ERROR_NOT_FOUND);
+    return leave(gpm_fill(&c, (int)gpuInstanceId, gpmSample));
+}
+
+typedef struct {
+    unsigned id;
+    int metric; /* GPM_* */
+    const char *short_name, *long_name, *unit;
+} gpm_metric_info_t;
+
+static const gpm_metric_info_t gpm_metrics[] = {
+    {NVML_GPM_METRIC_GRAPHICS_UTIL, GPM_GR, "GR_UTIL", "Graphics Utilization", "%"},
+    {NVML_GPM_METRIC_SM_UTIL, GPM_SM, "SM_UTIL", "SM Utilization", "%"},
+    {NVML_GPM_METRIC_SM_OCCUPANCY, GPM_OCC, "SM_OCCUPANCY", "SM Occupancy", "%"},
+    {NVML_GPM_METRIC_INTEGER_UTIL, GPM_INT, "INTEGER_UTIL", "Integer Utilization", "%"},
+    {NVML_GPM_METRIC_ANY_TENSOR_UTIL, GPM_TENSOR, "ANY_TENSOR_UTIL", "Tensor Utilization", "%"},
+    {NVML_GPM_METRIC_DRAM_BW_UTIL, GPM_DRAM, "DRAM_BW_UTIL", "DRAM Bandwidth Utilization", "%"},
+    {NVML_GPM_METRIC_FP64_UTIL, GPM_FP64, "FP64_UTIL", "FP64 Utilization", "%"},
+    {NVML_GPM_METRIC_FP32_UTIL, GPM_FP32, "FP32_UTIL", "FP32 Utilization", "%"},
+    {NVML_GPM_METRIC_FP16_UTIL, GPM_FP16, "FP16_UTIL", "FP16 Utilization", "%"},
+};
+
+/* Whether nvml.h (of R520-R535, NVML_GPM_METRIC_MAX 98) defines metric `id`. */
+static int gpm_metric_defined(unsigned id) {
+    return (id >= NVML_GPM_METRIC_GRAPHICS_UTIL && id <= NVML_GPM_METRIC_FP16_UTIL) ||
+           id == NVML_GPM_METRIC_PCIE_TX_PER_SEC || id == NVML_GPM_METRIC_PCIE_RX_PER_SEC ||
+           (id >= NVML_GPM_METRIC_NVDEC_0_UTIL && id <= NVML_GPM_METRIC_NVDEC_7_UTIL) ||
+           (id >= NVML_GPM_METRIC_NVJPG_0_UTIL && id <= NVML_GPM_METRIC_NVJPG_7_UTIL) ||
+           id == NVML_GPM_METRIC_NVOFA_0_UTIL ||
+           (id >= NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC && id <= NVML_GPM_METRIC_NVLINK_L17_TX_PER_SEC);
+}
+
+EXPORT nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *metricsGet) {
+    /* The samples name the GPU, so that "hang" and "storm" rules for one GPU match this
+     * device-less call too: look it up first, then enter as a call on that GPU. */
+    unsigned gpu = 0;
+    int have_gpu = 0;
+    pthread_mutex_lock(&g_lock);
+    if (metricsGet != NULL && metricsGet->version == NVML_GPM_METRICS_GET_VERSION) {
+        const struct nvmlGpmSample_st *e = resolve_gpm_sample(metricsGet->sample1);
+        if (e != NULL && e->filled) {
+            gpu = e->gpu;
+            have_gpu = 1;
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    ctx_t c;
+    nvmlReturn_t r = have_gpu && gpu < FAKE_MAX_GPUS
+                         ? enter_dev_api(&c, &g_dev[gpu], 0, API_GPM)
+                         : enter_full(&c, __func__, (int)API_GPM, NULL, 0);
+    if (r != NVML_SUCCESS) return leave(r);
+    if (metricsGet == NULL) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (metricsGet->version != NVML_GPM_METRICS_GET_VERSION)
+        return leave(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    if (metricsGet->numMetrics > FAKE_GPM_METRIC_MAX) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    const struct nvmlGpmSample_st *s1 = resolve_gpm_sample(metricsGet->sample1);
+    const struct nvmlGpmSample_st *s2 = resolve_gpm_sample(metricsGet->sample2);
+    if (s1 == NULL || s2 == NULL || !s1->filled || !s2->filled || s1->gpu != s2->gpu ||
+        s1->gi != s2->gi || s2->ts <= s1->ts || s1->gpu >= (unsigned)c.s->ngpu)
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    const gpu_t *g = &c.s->gpu[s1->gpu];
+    for (unsigned i = 0; i < metricsGet->numMetrics; i++) {
+        nvmlGpmMetric_t *m = &metricsGet->metrics[i];
+        const unsigned id = m->metricId;
+        m->value = 0.0;
+        m->metricInfo.shortName = m->metricInfo.longName = m->metricInfo.unit = NULL;
+        m->nvmlReturn = gpm_metric_defined(id) ? NVML_ERROR_NOT_SUPPORTED
+                                               : NVML_ERROR_INVALID_ARGUMENT;
+        for (size_t k = 0; k < sizeof gpm_metrics / sizeof gpm_metrics[0]; k++) {
+            const gpm_metric_info_t *info = &gpm_metrics[k];
+            if (info->id != id) continue;
+            m->value = gpm_percent(g, s1->gi, info->metric, s1->ts, s2->ts);
+            m->metricInfo.shortName = (char *)(uintptr_t)info->short_name;
+            m->metricInfo.longName = (char *)(uintptr_t)info->long_name;
+            m->metricInfo.unit = (char *)(uintptr_t)info->unit;
+            m->nvmlReturn = NVML_SUCCESS;
+        }
+    }
     return leave(NVML_SUCCESS);
 }
