@@ -4,32 +4,57 @@
 Sources of truth, edited by hand:
     daemonset/rules/gpuscope.rules.yml   Prometheus recording and alerting rules
     dashboards/*.json                    Grafana dashboards
+    agent/gpu/xid_catalog.py             the critical XIDs
+
+Two things in the hand-edited sources are themselves generated, in place:
+- the critical-XID list, from agent/gpu/xid_catalog.py: every XID regex in the rules and
+  dashboards (a quoted `N|N|...`, as in `xid=~"48|62|..."`) and every "critical XID(s) (N, N,
+  ...)" in their prose and in docs/scheduling.md is rewritten to the catalog's list;
+- the cluster selector of the dashboards: every dashboard gets a `cluster` variable (All by
+  default) right after its data source, and every selector of every query and variable a
+  `CLUSTER_LABEL=~"$cluster"` matcher, for Thanos and Mimir, which tell clusters apart by
+  an external label. Its name is CLUSTER_LABEL (`--cluster-label NAME` for one run).
 
 Generated from them (never edit these; tests/deploy/test_deploy_assets.py fails when they drift):
     daemonset/base/prometheusrule.yaml                       PrometheusRule (Prometheus Operator)
     daemonset/overlays/plain-prometheus/rules-configmap.yaml  ConfigMap gpuscope-rules
     daemonset/base/dashboards.yaml                           one ConfigMap per dashboard
 
-Usage: scripts/gen-deploy-assets.py [--check]   (--check: exit 1 if a file is stale)
+Usage: scripts/gen-deploy-assets.py [--check] [--cluster-label NAME]
+    --check: exit 1 if a file is stale; --cluster-label: the label that names the cluster
 The test suite's convention also works:
     GPUSCOPE_UPDATE_GOLDEN=1 pytest tests/deploy/test_deploy_assets.py
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run as a script: the gpuscope package of this checkout
+
+from gpuscope.agent.gpu.xid_catalog import critical_list, critical_regex  # noqa: E402
+
 RULES = REPO / "daemonset" / "rules" / "gpuscope.rules.yml"
 DASHBOARDS = REPO / "dashboards"
 PROMETHEUS_RULE = REPO / "daemonset" / "base" / "prometheusrule.yaml"
 RULES_CONFIGMAP = REPO / "daemonset" / "overlays" / "plain-prometheus" / "rules-configmap.yaml"
 DASHBOARDS_CONFIGMAPS = REPO / "daemonset" / "base" / "dashboards.yaml"
+SCHEDULING_DOC = REPO / "docs" / "scheduling.md"
+
+# The label that tells clusters apart in a Thanos or Mimir that holds several (an external
+# label of each cluster's Prometheus). kube-prometheus and Thanos's examples call it
+# `cluster`; change it here, or pass --cluster-label, and regenerate.
+CLUSTER_LABEL = "cluster"
+CLUSTER_VARIABLE = "cluster"
 
 NAMESPACE = "gpuscope"
 LABELS = {"app.kubernetes.io/name": "gpuscope", "app.kubernetes.io/part-of": "gpuscope"}
@@ -61,9 +86,191 @@ def _dump(doc: Any) -> str:
     return yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=100, allow_unicode=True)
 
 
+# --- the critical-XID list ----------------------------------------------------------------
+
+_XID_REGEX = re.compile(r'(?<=")\d+(?:\|\d+)+(?=\\?")')  # JSON text escapes its quotes
+_XID_PROSE = re.compile(r"(?i)(critical (?:XIDs?|ones) \()\d+(?:, \d+)+(\))")
+
+
+def with_critical_xids(text: str) -> str:
+    """`text` with every critical-XID regex and prose list replaced by the catalog's."""
+    text = _XID_REGEX.sub(critical_regex(), text)
+    return _XID_PROSE.sub(lambda m: m.group(1) + critical_list() + m.group(2), text)
+
+
+def rules_text() -> str:
+    return with_critical_xids(RULES.read_text())
+
+
 def rules_groups() -> list[dict[str, Any]]:
-    groups: list[dict[str, Any]] = yaml.safe_load(RULES.read_text())["groups"]
+    groups: list[dict[str, Any]] = yaml.safe_load(rules_text())["groups"]
     return groups
+
+
+# --- the cluster selector ------------------------------------------------------------------
+
+_KEYWORDS = frozenset(
+    {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or"}
+    | {"unless", "offset", "atan2", "inf", "nan"}
+)
+_LABEL_LISTS = frozenset({"by", "without", "on", "ignoring", "group_left", "group_right"})
+_AGGREGATIONS = frozenset(
+    {"sum", "avg", "min", "max", "count", "group", "stddev", "stdvar", "topk", "bottomk"}
+    | {"quantile", "count_values"}
+)
+_STRING = re.compile(r'"(?:\\.|[^"\\])*"|\'(?:\\.|[^\'\\])*\'|`[^`]*`')
+_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_NUMBER = re.compile(r"\d[\d.]*(?:[eE][-+]?\d+)?[a-zA-Z]*")
+_GRAFANA_VARIABLE = re.compile(r"\$(?:\{[^}]*\}|\w+)")
+
+
+def _cluster_matcher(label: str) -> str:
+    return f'{label}=~"${CLUSTER_VARIABLE}"'
+
+
+def _without_cluster_matchers(expr: str) -> str:
+    """`expr` less the cluster matchers an earlier run added (whatever their label name)."""
+    expr = re.sub(rf'\w+=~"\${CLUSTER_VARIABLE}"(?:, )?', "", expr)
+    return re.sub(r"(?<=[\w:])\{\}", "", expr)
+
+
+def with_cluster_matcher(expr: str, label: str = CLUSTER_LABEL) -> str:
+    """`expr` with `label=~"$cluster"` first in every vector selector.
+
+    A small PromQL scanner: strings, Grafana variables, range and subquery brackets, the
+    label lists after by/without/on/ignoring/group_left/group_right, function calls,
+    aggregations, keywords, numbers and durations are passed over; every other name is a
+    metric selector. Idempotent: the matchers of an earlier run are removed first.
+    """
+    text = _without_cluster_matchers(expr)
+    matcher = _cluster_matcher(label)
+    out: list[str] = []
+    i, n = 0, len(text)
+    label_list = False
+    while i < n:
+        c = text[i]
+        m = _STRING.match(text, i) or _GRAFANA_VARIABLE.match(text, i)
+        if m:
+            out.append(m.group())
+            i = m.end()
+            continue
+        if c == "[":
+            end = text.index("]", i) + 1
+            out.append(text[i:end])
+            i = end
+            continue
+        if c == "(" and label_list:
+            end = text.index(")", i) + 1
+            out.append(text[i:end])
+            i, label_list = end, False
+            continue
+        if c == "{":  # a selector by labels alone
+            out.append(_with_matcher("", text, i, matcher))
+            i = _brace_end(text, i)
+            continue
+        m = _NUMBER.match(text, i) if c.isdigit() or c == "." else None
+        if m:
+            out.append(m.group())
+            i = m.end()
+            continue
+        m = _NAME.match(text, i)
+        if not m:
+            out.append(c)
+            i += 1
+            continue
+        word, i = m.group(), m.end()
+        out.append(word)
+        j = i
+        while j < n and text[j].isspace():
+            j += 1
+        nxt = text[j] if j < n else ""
+        if word in _KEYWORDS:
+            label_list = word in _LABEL_LISTS
+            continue
+        if nxt == "(" or word in _AGGREGATIONS:
+            continue  # a function call or an aggregation
+        if nxt == "{":
+            out.append(_with_matcher(text[i:j], text, j, matcher))
+            i = _brace_end(text, j)
+        else:
+            out.append("{" + matcher + "}")
+    return "".join(out)
+
+
+def _brace_end(text: str, i: int) -> int:
+    """Past the `}` that closes the `{` at `i`, strings inside passed over."""
+    j = i + 1
+    while text[j] != "}":
+        m = _STRING.match(text, j)
+        j = m.end() if m else j + 1
+    return j + 1
+
+
+def _with_matcher(before: str, text: str, i: int, matcher: str) -> str:
+    """The matchers `{...}` at `i` with `matcher` first; `before`, what precedes the `{`."""
+    body = text[i + 1 : _brace_end(text, i) - 1].strip()
+    return before + "{" + matcher + (", " + body if body else "") + "}"
+
+
+def _on_selector(expr: str, rewrite: Callable[[str], str]) -> str:
+    """`rewrite` applied to a query, or to the selector of a `label_values(sel, label)`."""
+    m = re.fullmatch(r"(\s*label_values\()(.*)(,\s*\w+\s*\)\s*)", expr, re.S)
+    if m:
+        return m.group(1) + rewrite(m.group(2)) + m.group(3)
+    return rewrite(expr)
+
+
+def cluster_variable(label: str) -> dict[str, Any]:
+    query = f"label_values(gpuscope_build_info, {label})"
+    return {
+        "name": CLUSTER_VARIABLE,
+        "label": "Cluster",
+        "description": f"The `{label}` label of a Thanos or Mimir that holds several "
+        "clusters (All on a single Prometheus, where the label is absent).",
+        "type": "query",
+        "datasource": {"type": "prometheus", "uid": "${datasource}"},
+        "definition": query,
+        "query": {"query": query, "refId": "StandardVariableQuery"},
+        "current": {},
+        "hide": 0,
+        "includeAll": True,
+        "allValue": ".*",
+        "multi": True,
+        "options": [],
+        "refresh": 2,
+        "regex": "",
+        "skipUrlSync": False,
+        "sort": 1,
+    }
+
+
+def _panels(panels: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [q for p in panels for q in (p, *p.get("panels", []))]
+
+
+def with_cluster(dashboard: dict[str, Any], label: str = CLUSTER_LABEL) -> dict[str, Any]:
+    """The dashboard with the cluster variable and a cluster matcher in every query."""
+
+    def rewrite(expr: str) -> str:
+        return _on_selector(expr, lambda sel: with_cluster_matcher(sel, label))
+
+    variables = [v for v in dashboard["templating"]["list"] if v["name"] != CLUSTER_VARIABLE]
+    for v in variables:
+        if v.get("type") == "query":
+            v["definition"] = rewrite(v["definition"])
+            v["query"]["query"] = rewrite(v["query"]["query"])
+    at = next(i + 1 for i, v in enumerate(variables) if v.get("type") == "datasource")
+    dashboard["templating"]["list"] = [*variables[:at], cluster_variable(label), *variables[at:]]
+    for panel in _panels(dashboard.get("panels", [])):
+        for target in panel.get("targets", []):
+            target["expr"] = rewrite(target["expr"])
+    return dashboard
+
+
+def dashboard_text(path: Path, label: str = CLUSTER_LABEL) -> str:
+    """A dashboard as generated: critical XIDs from the catalog, the cluster selector."""
+    doc = json.loads(with_critical_xids(path.read_text()))
+    return json.dumps(with_cluster(doc, label), indent=2, ensure_ascii=False) + "\n"
 
 
 def dashboard_files() -> list[Path]:
@@ -86,15 +293,16 @@ def render_rules_configmap() -> str:
         "kind": "ConfigMap",
         "metadata": {"name": "gpuscope-rules", "namespace": NAMESPACE, "labels": dict(LABELS)},
         # The file itself, comments included: Prometheus loads it from the mounted directory.
-        "data": {RULES_KEY: RULES.read_text()},
+        "data": {RULES_KEY: rules_text()},
     }
     return _header("daemonset/rules/gpuscope.rules.yml") + _dump(doc)
 
 
-def render_dashboards() -> str:
+def render_dashboards(label: str = CLUSTER_LABEL) -> str:
     docs = []
     for path in dashboard_files():
-        uid = json.loads(path.read_text())["uid"]
+        text = dashboard_text(path, label)
+        uid = json.loads(text)["uid"]
         docs.append(
             {
                 "apiVersion": "v1",
@@ -106,27 +314,35 @@ def render_dashboards() -> str:
                     # Folder for Grafana's dashboard sidecar when it has folderAnnotation set.
                     "annotations": {"grafana_folder": "gpuscope"},
                 },
-                "data": {f"{uid}.json": path.read_text()},
+                "data": {f"{uid}.json": text},
             }
         )
     return _header("dashboards/*.json") + "---\n".join(_dump(d) for d in docs)
 
 
-def render_all() -> dict[Path, str]:
+def render_all(label: str = CLUSTER_LABEL) -> dict[Path, str]:
+    """Every generated file, the sources rewritten in place among them."""
     return {
+        RULES: rules_text(),
+        **{path: dashboard_text(path, label) for path in dashboard_files()},
+        SCHEDULING_DOC: with_critical_xids(SCHEDULING_DOC.read_text()),
         PROMETHEUS_RULE: render_prometheus_rule(),
         RULES_CONFIGMAP: render_rules_configmap(),
-        DASHBOARDS_CONFIGMAPS: render_dashboards(),
+        DASHBOARDS_CONFIGMAPS: render_dashboards(label),
     }
 
 
 def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if a file is stale")
+    parser.add_argument("--cluster-label", default=CLUSTER_LABEL, help="default %(default)s")
+    args = parser.parse_args(argv)
     stale = []
-    for path, text in render_all().items():
+    for path, text in render_all(args.cluster_label).items():
         current = path.read_text() if path.exists() else None
         if current == text:
             continue
-        if "--check" in argv:
+        if args.check:
             stale.append(path.relative_to(REPO))
             continue
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,7 @@ from types import MappingProxyType
 from typing import Any
 
 from gpuscope.agent.clock import Clock, SystemClock
+from gpuscope.agent.gpu import xid_catalog
 from gpuscope.agent.gpu.device import Device
 from gpuscope.agent.gpu.gate import Blocked, RunOnGpu, direct
 from gpuscope.agent.gpu.nvml import TIMEOUT, GpuLost, Nvml, NvmlCallError
@@ -44,7 +45,7 @@ LOG_EVERY = 60.0  # seconds between log lines for repeats of one XID on one GPU
 # contained/uncontained ECC, 140 unrecovered ECC), but after those the driver still answers,
 # and what it answers (ECC counters, row remapping, NVLink state) is what an operator needs
 # to decide on the reset: they are counted, not fenced.
-FATAL_XIDS: frozenset[int] = frozenset({79, 119, 120})
+FATAL_XIDS: frozenset[int] = xid_catalog.FATAL_XIDS  # the list lives in xid_catalog.py
 
 
 def handle_address(handle: Any) -> int:

@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 
 from gpuscope.agent.bounded import HASH_LENGTH
+from gpuscope.agent.gpu import xid_catalog
 from gpuscope.agent.gpu.records import GpuReading, GpuSnapshot, GpuTopology
 from gpuscope.agent.placement import NetworkPlacement
 from gpuscope.exporters.labels.validation import validate
@@ -23,9 +24,9 @@ from gpuscope.exporters.labels.values import MAX_LENGTH, label_value
 
 MIB = 1024 * 1024
 
-# XIDs that mean the GPU needs attention before it runs more work (NVIDIA's XID catalog:
-# memory errors, fallen off the bus, NVLink, uncontained ECC, GSP errors).
-CRITICAL_XIDS = frozenset({48, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140})
+# XIDs that mean the GPU needs attention before it runs more work: the one list that the
+# GPUXidCritical alert and the dashboards are generated from (agent/gpu/xid_catalog.py).
+CRITICAL_XIDS = xid_catalog.CRITICAL_XIDS
 
 FAMILIES: tuple[tuple[tuple[int, int], str], ...] = (
     ((12, 0), "blackwell"),

@@ -44,6 +44,7 @@ RANGE_PANELS = {
 }
 # Values for a static parse only (the e2e test substitutes values read from the data).
 SAMPLE_VALUES = {
+    "cluster": ".*",
     "node": "node-a",
     "gpu": ".*",
     "namespace": "ml-team",

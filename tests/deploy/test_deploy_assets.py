@@ -1,4 +1,6 @@
-"""The generated deployment copies of the rules and dashboards match their sources.
+"""The generated deployment copies of the rules and dashboards match their sources; the
+critical-XID list in the rules, labels and dashboards is agent/gpu/xid_catalog.py's; every
+dashboard query selects the cluster, whose label name is one constant of the generator.
 
 daemonset/base/prometheusrule.yaml, daemonset/overlays/plain-prometheus/rules-configmap.yaml
 and daemonset/base/dashboards.yaml come from scripts/gen-deploy-assets.py. After changing
@@ -12,12 +14,29 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
+import pytest
 import yaml
 
-from tests.support.observability import DASHBOARDS, REPO, RULES
+from gpuscope.agent.gpu import xid, xid_catalog
+from gpuscope.exporters.labels import gpu as labels_gpu
+from tests.support.observability import (
+    DASHBOARDS,
+    REPO,
+    RULES,
+    alerting_rules,
+    dashboards,
+    promtool_check_exprs,
+    queries,
+    selectors,
+    substitute,
+    variable_query,
+    variables,
+)
 
 # Above this, `kubectl apply` (client side) cannot store the last-applied annotation.
 KUBECTL_APPLY_LIMIT = 262_144
@@ -68,3 +87,96 @@ def test_one_configmap_per_dashboard_for_the_grafana_sidecar() -> None:
         uid = key.removesuffix(".json")
         assert text == sources[uid].read_text()
         assert len(json.dumps(doc)) < KUBECTL_APPLY_LIMIT, doc["metadata"]["name"]
+
+
+# --- the critical-XID list: one source, agent/gpu/xid_catalog.py -------------------------
+
+
+def _xid_regexes(text: str) -> set[str]:
+    return set(re.findall(r'(?<=")\d+(?:\|\d+)+(?=\\?")', text))
+
+
+def test_the_rules_labels_and_dashboards_share_the_catalogs_critical_xids() -> None:
+    regex = xid_catalog.critical_regex()
+    assert _xid_regexes(RULES.read_text()) == {regex}
+    (critical,) = [r for r in alerting_rules() if r["alert"] == "GPUXidCritical"]
+    assert f'xid=~"{regex}"' in critical["expr"]
+    fleet = (DASHBOARDS / "gpu-fleet.json").read_text()
+    assert _xid_regexes(fleet) == {regex}
+    for path in DASHBOARDS.glob("*.json"):
+        assert _xid_regexes(path.read_text()) <= {regex}, path.name
+    assert labels_gpu.CRITICAL_XIDS == xid_catalog.CRITICAL_XIDS
+    assert xid.FATAL_XIDS == xid_catalog.FATAL_XIDS <= xid_catalog.CRITICAL_XIDS
+    assert xid_catalog.RECOVERY_ACTION_XID not in xid_catalog.CRITICAL_XIDS
+
+
+def test_a_changed_catalog_is_written_into_the_rules_and_dashboards(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    gen = generator()
+    monkeypatch.setattr(gen, "critical_regex", lambda: "48|79|999")
+    monkeypatch.setattr(gen, "critical_list", lambda: "48, 79, 999")
+    rendered = gen.render_all()
+    assert _xid_regexes(rendered[RULES]) == {"48|79|999"}
+    fleet = rendered[DASHBOARDS / "gpu-fleet.json"]
+    assert _xid_regexes(fleet) == {"48|79|999"}
+    assert "critical XID (48, 79, 999)" in fleet
+    assert 'xid=~\\"48|79|999\\"' in rendered[REPO / "daemonset/base/dashboards.yaml"]
+    groups = yaml.safe_load(rendered[REPO / "daemonset/base/prometheusrule.yaml"])["spec"]
+    assert "48|79|999" in json.dumps(groups)
+
+
+# --- the cluster selector on every dashboard ----------------------------------------------
+
+
+def _selects_cluster_everywhere(docs: dict[str, dict[str, Any]], label: str) -> list[str]:
+    problems = []
+    for name, d in docs.items():
+        names = [v["name"] for v in variables(d)]
+        if names[:2] != ["datasource", "cluster"]:
+            problems.append(f"{name}: variables {names}: cluster must follow datasource")
+        (cluster,) = [v for v in variables(d) if v["name"] == "cluster"]
+        if variable_query(cluster) != f"label_values(gpuscope_build_info, {label})":
+            problems.append(f"{name}: cluster variable query {variable_query(cluster)!r}")
+        if not (cluster["includeAll"] and cluster["allValue"] == ".*"):
+            problems.append(f"{name}: the cluster variable must default to All (.*)")
+        for q in queries(name, d):
+            if q.panel == "variable cluster":
+                continue
+            for metric, matched in selectors(q.expr):
+                if label not in matched or f'{label}=~"$cluster"' not in q.expr:
+                    problems.append(f"{q.where}: {metric} does not select {label}")
+    return problems
+
+
+def test_every_dashboard_query_selects_the_cluster() -> None:
+    problems = _selects_cluster_everywhere(dashboards(), "cluster")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_cluster_label_name_is_one_constant(tmp_path: Path) -> None:
+    gen = generator()
+    docs = {
+        path.stem: json.loads(gen.dashboard_text(path, "k8s_cluster"))
+        for path in sorted(DASHBOARDS.glob("*.json"))
+    }
+    problems = _selects_cluster_everywhere(docs, "k8s_cluster")
+    assert not problems, "\n".join(problems)
+    text = json.dumps(docs)
+    assert 'cluster=~\\"$cluster\\"' not in text.replace('k8s_cluster=~\\"$cluster\\"', "")
+    # Regenerated with the default, the dashboards are what the repository holds.
+    for path in sorted(DASHBOARDS.glob("*.json")):
+        again = json.loads(gen.dashboard_text(path))
+        assert json.dumps(gen.with_cluster(again), indent=2, ensure_ascii=False) + "\n" == (
+            path.read_text()
+        )
+    values = {"cluster": ".*", "node": "n", "gpu": ".*", "namespace": "a", "workload": "w"}
+    values |= {"__rate_interval": "1m", "__interval": "15s", "__range": "6h"}
+    exprs = {}
+    for name, d in docs.items():
+        for q in queries(name, d):
+            expr = q.expr
+            if q.kind == "variable":
+                expr = expr.removeprefix("label_values(").rsplit(",", 1)[0]
+            exprs[q.where] = substitute(expr, values)
+    assert not promtool_check_exprs(exprs, tmp_path)

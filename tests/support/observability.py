@@ -21,8 +21,12 @@ RULES = REPO / "daemonset" / "rules" / "gpuscope.rules.yml"
 ALERTS_DOC = REPO / "docs" / "alerts.md"
 RUNBOOK_BASE = "https://github.com/gpuscope/gpuscope/blob/main/docs/alerts.md#"
 
-# Labels a scrape adds to every series (the agent never exports them).
+# Labels a scrape adds to every series (the agent never exports them; `node` unless
+# --series-node-label asks).
 SCRAPE_LABELS = frozenset({"node", "job", "instance"})
+# The external label that names the cluster in Thanos or Mimir, on every series recorded
+# ones included (the dashboards' cluster selector, scripts/gen-deploy-assets.py CLUSTER_LABEL).
+EXTERNAL_LABELS = frozenset({"cluster"})
 # Grafana's built-in variables.
 GRAFANA_BUILTINS = frozenset(
     {"__rate_interval", "__interval", "__interval_ms", "__range", "__range_s", "__range_ms"}
@@ -257,7 +261,7 @@ def known_series() -> dict[str, set[str]]:
             known[m.name] = labels
     known.update(recording_rule_labels())
     known["up"] = set(SCRAPE_LABELS)
-    return known
+    return {name: labels | EXTERNAL_LABELS for name, labels in known.items()}
 
 
 def promtool_check_exprs(exprs: Mapping[str, str], tmp: Path) -> dict[str, str]:
