@@ -3,6 +3,7 @@
 
 Sources of truth, edited by hand:
     daemonset/rules/gpuscope.rules.yml   Prometheus recording and alerting rules
+    daemonset/rules/dcgm-compat.rules.yml  the optional DCGM compatibility rules (as they are)
     dashboards/*.json                    Grafana dashboards
     agent/gpu/xid_catalog.py             the critical XIDs
 
@@ -19,6 +20,9 @@ Generated from them (never edit these; tests/deploy/test_deploy_assets.py fails 
     daemonset/base/prometheusrule.yaml                       PrometheusRule (Prometheus Operator)
     daemonset/overlays/plain-prometheus/rules-configmap.yaml  ConfigMap gpuscope-rules
     daemonset/base/dashboards.yaml                           one ConfigMap per dashboard
+    daemonset/overlays/dcgm-compat/prometheusrule.yaml       PrometheusRule gpuscope-dcgm-compat
+    daemonset/overlays/plain-prometheus-dcgm-compat/rules-configmap.yaml
+                                                  ConfigMap gpuscope-dcgm-compat-rules
 
 Usage: scripts/gen-deploy-assets.py [--check] [--cluster-label NAME]
     --check: exit 1 if a file is stale; --cluster-label: the label that names the cluster
@@ -48,6 +52,14 @@ DASHBOARDS = REPO / "dashboards"
 PROMETHEUS_RULE = REPO / "daemonset" / "base" / "prometheusrule.yaml"
 RULES_CONFIGMAP = REPO / "daemonset" / "overlays" / "plain-prometheus" / "rules-configmap.yaml"
 DASHBOARDS_CONFIGMAPS = REPO / "daemonset" / "base" / "dashboards.yaml"
+DCGM_COMPAT_RULES = REPO / "daemonset" / "rules" / "dcgm-compat.rules.yml"
+DCGM_COMPAT_PROMETHEUS_RULE = (
+    REPO / "daemonset" / "overlays" / "dcgm-compat" / "prometheusrule.yaml"
+)
+DCGM_COMPAT_CONFIGMAP = (
+    REPO / "daemonset" / "overlays" / "plain-prometheus-dcgm-compat" / "rules-configmap.yaml"
+)
+DCGM_COMPAT_KEY = "dcgm-compat.rules.yml"
 SCHEDULING_DOC = REPO / "docs" / "scheduling.md"
 
 # The label that tells clusters apart in a Thanos or Mimir that holds several (an external
@@ -298,6 +310,37 @@ def render_rules_configmap() -> str:
     return _header("daemonset/rules/gpuscope.rules.yml") + _dump(doc)
 
 
+def render_dcgm_compat_prometheus_rule() -> str:
+    """The DCGM compatibility rules as a PrometheusRule of their own, so that the overlay adds
+    them beside (never into) the main one and removing the overlay removes exactly them."""
+    groups = yaml.safe_load(DCGM_COMPAT_RULES.read_text())["groups"]
+    doc = {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": {
+            "name": "gpuscope-dcgm-compat",
+            "namespace": NAMESPACE,
+            "labels": dict(LABELS),
+        },
+        "spec": {"groups": groups},
+    }
+    return _header("daemonset/rules/dcgm-compat.rules.yml") + _dump(doc)
+
+
+def render_dcgm_compat_configmap() -> str:
+    doc = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": "gpuscope-dcgm-compat-rules",
+            "namespace": NAMESPACE,
+            "labels": dict(LABELS),
+        },
+        "data": {DCGM_COMPAT_KEY: DCGM_COMPAT_RULES.read_text()},
+    }
+    return _header("daemonset/rules/dcgm-compat.rules.yml") + _dump(doc)
+
+
 def render_dashboards(label: str = CLUSTER_LABEL) -> str:
     docs = []
     for path in dashboard_files():
@@ -329,6 +372,8 @@ def render_all(label: str = CLUSTER_LABEL) -> dict[Path, str]:
         PROMETHEUS_RULE: render_prometheus_rule(),
         RULES_CONFIGMAP: render_rules_configmap(),
         DASHBOARDS_CONFIGMAPS: render_dashboards(label),
+        DCGM_COMPAT_PROMETHEUS_RULE: render_dcgm_compat_prometheus_rule(),
+        DCGM_COMPAT_CONFIGMAP: render_dcgm_compat_configmap(),
     }
 
 
