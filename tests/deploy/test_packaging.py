@@ -3,6 +3,8 @@ from a virtual environment holding only the wheel (not the checkout)."""
 
 from __future__ import annotations
 
+import email.parser
+import os
 import re
 import shutil
 import subprocess
@@ -13,9 +15,12 @@ from pathlib import Path
 
 import pytest
 
+import gpuscope
+from tests.support import AgentProcess, free_port
+
 REPO = Path(__file__).resolve().parents[2]
 PIP = (sys.executable, "-m", "pip")
-SOURCES = ("pyproject.toml", "README.md", "agent", "exporters", "gpuscope")
+SOURCES = ("pyproject.toml", "README.md", "LICENSE", "agent", "exporters", "gpuscope")
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +58,10 @@ def test_wheel_installs_exactly_one_import_name(wheel: Path) -> None:
             assert f"gpuscope/{py.relative_to(REPO).as_posix()}" in names, py
 
 
-def test_console_script_runs_from_a_venv_with_only_the_wheel(wheel: Path, tmp_path: Path) -> None:
-    venv = tmp_path / "venv"
+@pytest.fixture(scope="module")
+def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A virtual environment holding only the wheel (not the checkout)."""
+    venv = tmp_path_factory.mktemp("installed") / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
     subprocess.run(
@@ -71,7 +78,11 @@ def test_console_script_runs_from_a_venv_with_only_the_wheel(wheel: Path, tmp_pa
         ).strip()
     )
     (purelib / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return venv
 
+
+def test_console_script_runs_from_a_venv_with_only_the_wheel(venv: Path, tmp_path: Path) -> None:
+    python = venv / "bin" / "python"
     run = subprocess.run(
         [str(venv / "bin" / "gpuscope"), "--version"],
         cwd=tmp_path,
@@ -90,6 +101,38 @@ def test_console_script_runs_from_a_venv_with_only_the_wheel(wheel: Path, tmp_pa
         [str(venv / "bin" / "gpuscope"), "--help"], cwd=tmp_path, capture_output=True, text=True
     )
     assert help_text.returncode == 0 and "--collectors" in help_text.stdout
+
+
+def test_one_version_everywhere(wheel: Path, venv: Path, tmp_path: Path) -> None:
+    """gpuscope/__init__.py is the one source: the wheel's metadata, `gpuscope --version` and
+    gpuscope_build_info{version} of the installed agent all say what it says."""
+    with zipfile.ZipFile(wheel) as whl:
+        (metadata,) = [n for n in whl.namelist() if n.endswith(".dist-info/METADATA")]
+        headers = email.parser.Parser().parsestr(whl.read(metadata).decode())
+        licenses = [n for n in whl.namelist() if ".dist-info/" in n and n.endswith("/LICENSE")]
+        assert licenses, "the wheel carries the license text"
+    assert headers["Version"] == gpuscope.__version__
+    assert wheel.name.startswith(f"gpuscope-{gpuscope.__version__}-")
+
+    script = str(venv / "bin" / "gpuscope")
+    shown = subprocess.run([script, "--version"], capture_output=True, text=True, check=True)
+    assert shown.stdout == f"gpuscope {gpuscope.__version__}\n"
+
+    port, log_path = free_port(), tmp_path / "agent.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUSCOPE_", "FAKENVML"))}
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [script, f"--listen=127.0.0.1:{port}", "--collectors=nic", f"--sysfs={tmp_path}",
+             "--labels-mode=none"],
+            cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+    agent = AgentProcess(proc=proc, port=port, log_path=log_path)
+    try:
+        agent.wait_ready()
+        (labels,) = agent.scrape().series("gpuscope_build_info")
+    finally:
+        agent.stop()
+    assert dict(labels)["version"] == gpuscope.__version__
 
 
 def test_sources_import_only_through_the_gpuscope_name() -> None:
