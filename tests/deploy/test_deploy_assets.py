@@ -7,7 +7,9 @@ and daemonset/base/dashboards.yaml come from scripts/gen-deploy-assets.py. After
 daemonset/rules/gpuscope.rules.yml or dashboards/*.json, regenerate them with
 `scripts/gen-deploy-assets.py` or
 `GPUSCOPE_UPDATE_GOLDEN=1 pytest tests/deploy/test_deploy_assets.py` (`make golden-update` does
-it too)."""
+it too). The DCGM compatibility rules (daemonset/rules/dcgm-compat.rules.yml) become
+daemonset/overlays/dcgm-compat/prometheusrule.yaml and
+daemonset/overlays/plain-prometheus-dcgm-compat/rules-configmap.yaml the same way."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import yaml
 
 from gpuscope.agent.gpu import xid, xid_catalog
 from gpuscope.exporters.labels import gpu as labels_gpu
+from tests.support.manifests import find, render, render_text
 from tests.support.observability import (
     DASHBOARDS,
     REPO,
@@ -72,6 +75,37 @@ def test_rules_configmap_holds_the_rules_file() -> None:
     doc = yaml.safe_load(path.read_text())
     assert doc["metadata"]["name"] == "gpuscope-rules"
     assert doc["data"] == {"gpuscope.rules.yml": RULES.read_text()}
+
+
+DCGM_COMPAT_RULES = REPO / "daemonset" / "rules" / "dcgm-compat.rules.yml"
+
+
+def test_dcgm_compat_overlay_adds_its_own_prometheus_rule_beside_the_base() -> None:
+    """The compatibility rules come as a PrometheusRule of their own, only with the overlay:
+    the base and the other overlays never record DCGM_FI_* names."""
+    docs = render("overlays/dcgm-compat")
+    rules = {d["metadata"]["name"]: d for d in find(docs, "PrometheusRule")}
+    assert set(rules) == {"gpuscope", "gpuscope-dcgm-compat"}
+    compat = rules["gpuscope-dcgm-compat"]
+    assert compat["metadata"]["namespace"] == "gpuscope"
+    assert compat["spec"]["groups"] == yaml.safe_load(DCGM_COMPAT_RULES.read_text())["groups"]
+    assert rules["gpuscope"]["spec"]["groups"] == yaml.safe_load(RULES.read_text())["groups"]
+    assert "DCGM_FI_" not in render_text("base")
+    base = [(d["kind"], d["metadata"]["name"]) for d in render("base")]
+    assert sorted([*base, ("PrometheusRule", "gpuscope-dcgm-compat")]) == sorted(
+        (d["kind"], d["metadata"]["name"]) for d in docs
+    )
+
+
+def test_plain_prometheus_dcgm_compat_overlay_adds_the_rules_file_as_a_configmap() -> None:
+    docs = render("overlays/plain-prometheus-dcgm-compat")
+    assert not [d for d in docs if d["apiVersion"].startswith("monitoring.coreos.com/")]
+    (compat,) = find(docs, "ConfigMap", "gpuscope-dcgm-compat-rules")
+    assert compat["data"] == {"dcgm-compat.rules.yml": DCGM_COMPAT_RULES.read_text()}
+    plain = [(d["kind"], d["metadata"]["name"]) for d in render("overlays/plain-prometheus")]
+    assert sorted([*plain, ("ConfigMap", "gpuscope-dcgm-compat-rules")]) == sorted(
+        (d["kind"], d["metadata"]["name"]) for d in docs
+    )
 
 
 def test_one_configmap_per_dashboard_for_the_grafana_sidecar() -> None:

@@ -23,6 +23,8 @@ KUSTOMIZATIONS = (
     "overlays/gpu-operator",
     "overlays/plain-prometheus",
     "overlays/no-node-labels",
+    "overlays/dcgm-compat",
+    "overlays/plain-prometheus-dcgm-compat",
 )
 
 
