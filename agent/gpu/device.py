@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -179,8 +179,25 @@ def _read(
         row_remap_pending=remap_pending,
         row_remap_failure=remap_failure,
         xid_errors=dict(xid_errors),
-        mig_instances=_read_mig(nvml, h) if mig_mode == "enabled" else (),
+        mig_instances=_with_gpm(_read_mig(nvml, h), integrals) if mig_mode == "enabled" else (),
+        gpm=integrals.gpm,
+        sm_active_seconds=integrals.sm_active_seconds,
+        tensor_active_seconds=integrals.tensor_active_seconds,
+        dram_active_seconds=integrals.dram_active_seconds,
     )
+
+
+def _with_gpm(
+    instances: tuple[MigInstance, ...], integrals: GpuIntegrals
+) -> tuple[MigInstance, ...]:
+    """Each MIG device with its GPU instance's GPM activity and counters, where sampled."""
+    if not integrals.gpu_instances:
+        return instances
+    out = []
+    for mig in instances:
+        got = integrals.gpu_instances.get(mig.gpu_instance)
+        out.append(mig if got is None else replace(mig, gpm=got.gpm, integrals=got))
+    return tuple(out)
 
 
 def _read_mig_mode(nvml: Nvml, h: Any) -> str | None:

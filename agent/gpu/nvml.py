@@ -267,6 +267,11 @@ class Nvml:
         lib._nvmlCheckReturn(code)
         return values
 
+    def record_error(self, function: str, code: int, message: str) -> None:
+        """Count (and log the first of) an error found inside a call's output, such as one
+        metric's status in a batched answer."""
+        self._record(function, code, message)
+
     def _record(self, function: str, code: int, message: str) -> None:
         key = (function, message)
         with self._lock:

@@ -26,13 +26,40 @@ class GpuIdentity:
 
 
 @dataclass(frozen=True, slots=True)
+class GpmActivity:
+    """What a GPU (or MIG GPU instance) did over the last GPM window (NVML GPM, Hopper and
+    later): ratios 0-1, `None` where the driver gave no value for that metric.
+
+    `sm_active` is the share of SMs busy (DCGM_FI_PROF_SM_ACTIVE), `sm_occupancy` resident
+    warps of the maximum (SM_OCCUPANCY), `graphics_engine_active` the share of time the
+    graphics/compute engine was active (GR_ENGINE_ACTIVE, close to NVML utilization),
+    `tensor_active` any tensor pipe (PIPE_TENSOR_ACTIVE), `dram_active` DRAM bandwidth used
+    of peak (DRAM_ACTIVE); `pipes` the non-tensor pipes by name: fp64, fp32, fp16, integer
+    (PIPE_FP64/FP32/FP16_ACTIVE; integer has no DCGM profiling field)."""
+
+    sm_active: float | None = None
+    sm_occupancy: float | None = None
+    graphics_engine_active: float | None = None
+    tensor_active: float | None = None
+    dram_active: float | None = None
+    pipes: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class MigInstance:
+    """One MIG device (a compute instance in a GPU instance). GPM samples GPU instances, so
+    the MIG devices of one GPU instance share its `gpm` and `integrals`."""
+
     mig_uuid: str
     profile: str
     gpu_instance: int
     compute_instance: int
     memory_used_bytes: int | None
     memory_total_bytes: int | None
+    gpm: GpmActivity | None = None  # the GPU instance's last GPM window; None without GPM
+    # The GPU instance's GPM seconds counters (sm/tensor/dram_active_seconds; the other
+    # fields stay None): NVML has no utilization samples for MIG, so these are its busy time.
+    integrals: GpuIntegrals | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +92,14 @@ class GpuIntegrals:
     pcie_transmit_bytes: float | None = None
     pcie_receive_bytes: float | None = None
     energy_joules: float | None = None
+    # GPM (Hopper and later; None elsewhere): seconds x ratio integrated over GPM windows,
+    # exactly as busy_seconds, and the last window's ratios.
+    sm_active_seconds: float | None = None
+    tensor_active_seconds: float | None = None
+    dram_active_seconds: float | None = None
+    gpm: GpmActivity | None = None
+    # The same for each MIG GPU instance, by GPU instance id (MIG-enabled GPUs with GPM).
+    gpu_instances: Mapping[int, GpuIntegrals] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +148,10 @@ class GpuReading:
     xid_errors: Mapping[int, int] = field(default_factory=dict)
     mig_instances: tuple[MigInstance, ...] = ()
     processes: tuple[GpuProcess, ...] = ()
+    gpm: GpmActivity | None = None  # the last GPM window; None on GPUs without GPM
+    sm_active_seconds: float | None = None
+    tensor_active_seconds: float | None = None
+    dram_active_seconds: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

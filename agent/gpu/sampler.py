@@ -12,6 +12,12 @@ samples (one per 1/6 s to 1 s, depending on the product), each the busy share of
 that ends at its timestamp. Integrating those samples is exact whatever the tick length,
 and a stalled tick loses nothing as long as the ring buffer (about 20 s) has not wrapped.
 Devices without samples fall back to `nvmlDeviceGetUtilizationRates` once per tick.
+
+On GPUs with GPM (Hopper and later, agent/gpu/gpm.py) each tick also takes a GPM sample of
+the GPU and of each MIG GPU instance: the window since the previous sample gives SM,
+tensor and DRAM activity, kept as the latest ratios and integrated (ratio x window) into
+seconds counters, exactly as busy time. The GPM calls run in the same per-GPU unit of work
+as the utilization reads, so a hung GPM call holds that GPU alone.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from functools import partial
 from types import MappingProxyType
@@ -29,6 +35,7 @@ from gpuscope.agent.clock import Clock
 from gpuscope.agent.gpu import fields
 from gpuscope.agent.gpu.device import NVML_TEMPERATURE_GPU, Device
 from gpuscope.agent.gpu.gate import Blocked, GpuGates, Job
+from gpuscope.agent.gpu.gpm import GpmReader, GpmTick, GpmWindow
 from gpuscope.agent.gpu.nvml import (
     FUNCTION_NOT_FOUND,
     NOT_FOUND,
@@ -38,7 +45,7 @@ from gpuscope.agent.gpu.nvml import (
     NvmlCallError,
     union_value,
 )
-from gpuscope.agent.gpu.records import GpuIntegrals
+from gpuscope.agent.gpu.records import GpmActivity, GpuIntegrals
 
 log = logging.getLogger("gpuscope.gpu.sampler")
 
@@ -171,6 +178,39 @@ class RateIntegrator:
         self._last_at = monotonic
 
 
+class GpmTotals:
+    """One GPM scope's seconds counters and latest ratios, fed one window at a time."""
+
+    def __init__(self) -> None:
+        self.sm_active_seconds = 0.0
+        self.tensor_active_seconds = 0.0
+        self.dram_active_seconds = 0.0
+        self.activity: GpmActivity | None = None
+        self.activity_at = 0.0  # monotonic time of the window that gave `activity`
+
+    def add(self, window: GpmWindow, monotonic: float) -> None:
+        a, seconds = window.activity, window.seconds
+        if a.sm_active is not None:
+            self.sm_active_seconds += a.sm_active * seconds
+        if a.tensor_active is not None:
+            self.tensor_active_seconds += a.tensor_active * seconds
+        if a.dram_active is not None:
+            self.dram_active_seconds += a.dram_active * seconds
+        self.activity = a
+        self.activity_at = monotonic
+
+    def integrals(self, monotonic: float, max_age: float) -> GpuIntegrals:
+        """The counters, and the ratios while no older than `max_age` (a GPM call failing
+        tick after tick leaves the counters standing but no stale gauge)."""
+        fresh = self.activity is not None and monotonic - self.activity_at <= max_age
+        return GpuIntegrals(
+            sm_active_seconds=self.sm_active_seconds,
+            tensor_active_seconds=self.tensor_active_seconds,
+            dram_active_seconds=self.dram_active_seconds,
+            gpm=self.activity if fresh else None,
+        )
+
+
 class UtilMode(Enum):
     SAMPLES = "samples"
     RATES = "rates"
@@ -185,6 +225,9 @@ class _GpuState:
     pcie_rx: RateIntegrator | None = None
     energy: RateIntegrator | None = None  # only where the device has no energy counter
     probed: bool = False
+    gpm: GpmReader | None = None  # used on the GPU's worker only
+    gpm_gpu: GpmTotals | None = None  # from the first GPM window of the whole GPU
+    gpm_instances: dict[int, GpmTotals] | None = None  # by MIG GPU instance id
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +249,7 @@ class _Sample:
     samples: tuple[tuple[int, float], ...] | None  # None: no sample since the last tick
     rate: float | None  # utilization %, where no sample was read (or no samples exist)
     milliwatts: float | None
+    gpm: GpmTick | None = None  # None: the GPU has no GPM
 
 
 class Sampler:
@@ -265,6 +309,24 @@ class Sampler:
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
+        self._free_gpm()
+
+    def _free_gpm(self) -> None:
+        """Free the GPM sample buffers, through the gates (a stuck GPU keeps its few)."""
+        with self._tick_lock:
+            deadline_at = self._gates.deadline_at()
+            jobs = []
+            for device in self._devices:
+                state = self._states.get(device.identity.uuid)
+                if state is not None and state.gpm is not None:
+                    jobs.append(self._gates.of(device).begin(state.gpm.close, deadline_at))
+                    state.gpm = None
+            for job in jobs:
+                if isinstance(job, Job):
+                    try:
+                        job.wait(deadline_at)
+                    except Exception:  # best effort at shutdown
+                        log.debug("freeing GPM samples failed", exc_info=True)
 
     def _run(self) -> None:
         next_at = self._clock.monotonic() + self.interval
@@ -284,7 +346,7 @@ class Sampler:
             begun: list[tuple[Device, _GpuState, Job[_Sample] | Blocked]] = []
             probes: list[Job[bool]] = []
             for device in self._devices:
-                state = self._state(device.identity.uuid)
+                state = self._state(device)
                 state.util.tick(now)
                 gate = self._gates.of(device)
                 probe = gate.begin_probe(partial(probe_gpu, self._nvml, device), deadline_at)
@@ -306,7 +368,7 @@ class Sampler:
                     lost.add(uuid)  # the scrape reports it; integrals keep their last values
                 except Exception:
                     log.exception("sampling GPU %d failed", device.identity.index)
-                published[uuid] = _integrals(state)
+                published[uuid] = self._integrals(state, now)
             for probe in probes:
                 try:
                     probe.wait(deadline_at)  # an answered probe lifts the fence (gate.py)
@@ -316,15 +378,34 @@ class Sampler:
             self._lost = frozenset(lost)
         self._pcie_step()
 
-    def _state(self, uuid: str) -> _GpuState:
+    def _state(self, device: Device) -> _GpuState:
+        uuid = device.identity.uuid
         state = self._states.get(uuid)
         if state is None:
             state = self._states[uuid] = _GpuState(
                 util=UtilizationIntegrator(
                     self._idle_threshold, max_rate_gap=max(1.0, 2 * self.interval)
-                )
+                ),
+                gpm=GpmReader(self._nvml, device.handle, self._clock.monotonic),
             )
         return state
+
+    def _integrals(self, state: _GpuState, now: float) -> GpuIntegrals:
+        integrals = _integrals(state)
+        max_age = max(2.0, 2.5 * self.interval)  # the last window, not one from long ago
+        if state.gpm_gpu is not None:
+            g = state.gpm_gpu.integrals(now, max_age)
+            integrals = replace(
+                integrals,
+                sm_active_seconds=g.sm_active_seconds,
+                tensor_active_seconds=g.tensor_active_seconds,
+                dram_active_seconds=g.dram_active_seconds,
+                gpm=g.gpm,
+            )
+        if state.gpm_instances:
+            instances = {gi: t.integrals(now, max_age) for gi, t in state.gpm_instances.items()}
+            integrals = replace(integrals, gpu_instances=MappingProxyType(instances))
+        return integrals
 
     def _begin_sample(
         self, device: Device, state: _GpuState, deadline_at: float
@@ -338,6 +419,7 @@ class Sampler:
             util_mode=state.util_mode,
             since_us=state.util.last_sample_us,
             power=state.energy is not None,
+            gpm=state.gpm,
         )
         return self._gates.of(device).begin(work, deadline_at)
 
@@ -377,7 +459,8 @@ class Sampler:
                 state.pcie_rx.add(now, float(rx) * KIB)
             uuid = device.identity.uuid
             if uuid in self._published:  # publish now, not a tick later
-                self._published = MappingProxyType({**self._published, uuid: _integrals(state)})
+                fresh = self._integrals(state, now)
+                self._published = MappingProxyType({**self._published, uuid: fresh})
 
     def _apply(
         self, device: Device, state: _GpuState, got: _Sample, now: float, wall: float
@@ -401,6 +484,8 @@ class Sampler:
             state.util.add_rate(now, wall, got.rate)
         if state.energy is not None and got.milliwatts is not None:
             state.energy.add(now, got.milliwatts / 1000.0)
+        if got.gpm is not None:
+            _apply_gpm(state, got.gpm, now)
 
     def _apply_caps(self, device: Device, state: _GpuState, caps: _Caps) -> None:
         """Set up a GPU's integrators from what its first tick found it can report."""
@@ -437,6 +522,7 @@ def _read_sample(
     util_mode: UtilMode | None,
     since_us: int,
     power: bool,
+    gpm: GpmReader | None = None,
 ) -> _Sample:
     """One tick's reads of one GPU (with its capabilities on the first tick)."""
     caps = _probe(nvml, h) if probe else None
@@ -469,6 +555,7 @@ def _read_sample(
         samples=samples,
         rate=rate,
         milliwatts=float(milliwatts) if milliwatts is not None else None,
+        gpm=gpm.read() if gpm is not None else None,
     )
 
 
@@ -531,6 +618,19 @@ def probe_gpu(nvml: Nvml, device: Device) -> bool:
     except NvmlCallError as exc:
         return exc.code in (NOT_SUPPORTED, FUNCTION_NOT_FOUND)
     return True
+
+
+def _apply_gpm(state: _GpuState, tick: GpmTick, now: float) -> None:
+    """Fold one tick's GPM windows into the GPU's and its GPU instances' totals."""
+    if tick.gpu is not None:
+        if state.gpm_gpu is None:
+            state.gpm_gpu = GpmTotals()
+        state.gpm_gpu.add(tick.gpu, now)
+    if tick.instances:
+        if state.gpm_instances is None:
+            state.gpm_instances = {}
+        for gi, window in tick.instances.items():
+            state.gpm_instances.setdefault(gi, GpmTotals()).add(window, now)
 
 
 def _integrals(state: _GpuState) -> GpuIntegrals:

@@ -4,9 +4,110 @@ from __future__ import annotations
 
 from gpuscope.agent.gpu.gate import PROBE_FIRST, PROBE_MAX
 from gpuscope.agent.gpu.xid import FATAL_XIDS
-from gpuscope.exporters.prometheus.spec import GPU, MetricSpec
+from gpuscope.exporters.prometheus.spec import GPU, Kind, MetricSpec
 
 _FATAL = ", ".join(str(x) for x in sorted(FATAL_XIDS))
+
+# NVML GPM (agent/gpu/gpm.py): one sample per GPU and per MIG GPU instance each sampler tick;
+# the ratios are the window between the last two samples, the counters integrate ratio x
+# window, so rate() of them is the true average over any range, as for busy seconds.
+_GPM_PRESENT = (
+    "GPUs with NVML GPM: Hopper and later, driver R520+ (not Ampere, Ada, Turing or older: "
+    "absent there, not 0)."
+)
+_MIG_GPM_PRESENT = "MIG devices of GPUs with NVML GPM (Hopper and later, driver R520+)."
+_MIG_GPM_NOTE = (
+    " One series per MIG device, labelled with its parent's gpu and uuid and its mig_uuid; "
+    "GPM measures GPU instances, so MIG devices of one GPU instance (several compute "
+    "instances) show the same values."
+)
+# (suffix, type, help, DCGM field)
+_GPM_FAMILIES: tuple[tuple[str, Kind, str, str], ...] = (
+    (
+        "sm_active_ratio",
+        "gauge",
+        "Share of SMs that were busy (NVML GPM SM utilization) over the last GPM window "
+        "(one sampler tick), 0-1. Unlike gpuscope_gpu_utilization_ratio (a kernel was "
+        "running), one small kernel in a loop keeps this low.",
+        "DCGM_FI_PROF_SM_ACTIVE",
+    ),
+    (
+        "sm_occupancy_ratio",
+        "gauge",
+        "Resident warps as a share of the SMs' maximum over the last GPM window, 0-1.",
+        "DCGM_FI_PROF_SM_OCCUPANCY",
+    ),
+    (
+        "graphics_engine_active_ratio",
+        "gauge",
+        "Share of time the graphics/compute engine was active over the last GPM window, 0-1 "
+        "(close to gpuscope_gpu_utilization_ratio, but from GPM).",
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+    ),
+    (
+        "tensor_active_ratio",
+        "gauge",
+        "Share of time any tensor pipe (HMMA, IMMA, DMMA) was active over the last GPM "
+        "window, 0-1.",
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+    ),
+    (
+        "dram_active_ratio",
+        "gauge",
+        "DRAM bandwidth used as a share of peak over the last GPM window, 0-1.",
+        "DCGM_FI_PROF_DRAM_ACTIVE",
+    ),
+    (
+        "pipe_active_ratio",
+        "gauge",
+        "Share of time a non-tensor pipe was active over the last GPM window, 0-1, by pipe: "
+        "fp64, fp32, fp16, integer.",
+        "DCGM_FI_PROF_PIPE_FP64_ACTIVE, _FP32_ACTIVE, _FP16_ACTIVE; integer has no DCGM "
+        "profiling field",
+    ),
+    (
+        "sm_active_seconds_total",
+        "counter",
+        "SM activity integrated over time (ratio x seconds of each GPM window): rate() of it "
+        "is the true average SM activity over any window, whatever the scrape interval.",
+        "DCGM_FI_PROF_SM_ACTIVE",
+    ),
+    (
+        "tensor_active_seconds_total",
+        "counter",
+        "Tensor pipe activity integrated over time, as sm_active_seconds_total.",
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+    ),
+    (
+        "dram_active_seconds_total",
+        "counter",
+        "DRAM bandwidth share integrated over time, as sm_active_seconds_total.",
+        "DCGM_FI_PROF_DRAM_ACTIVE",
+    ),
+)
+
+
+def _gpm_spec(
+    prefix: str, labels: tuple[str, ...], family: tuple[str, Kind, str, str]
+) -> MetricSpec:
+    suffix, kind, help_text, dcgm = family
+    pipe = ("pipe",) if suffix == "pipe_active_ratio" else ()
+    mig = prefix == "gpuscope_mig_"
+    counter_note = " Starts at 0 when the agent starts." if kind == "counter" else ""
+    return MetricSpec(
+        f"{prefix}{suffix}",
+        kind,
+        f"{help_text} DCGM: {dcgm}.{_MIG_GPM_NOTE if mig else ''}",
+        (*labels, *pipe),
+        "gpu",
+        f"{_MIG_GPM_PRESENT if mig else _GPM_PRESENT}{counter_note}",
+    )
+
+
+_GPM_METRICS = tuple(_gpm_spec("gpuscope_gpu_", GPU, f) for f in _GPM_FAMILIES)
+_MIG_GPM_METRICS = tuple(
+    _gpm_spec("gpuscope_mig_", ("gpu", "uuid", "mig_uuid"), f) for f in _GPM_FAMILIES
+)
 
 GPU_METRICS: tuple[MetricSpec, ...] = (
     # --- GPU identity and health ------------------------------------------------------------
@@ -127,6 +228,8 @@ GPU_METRICS: tuple[MetricSpec, ...] = (
         "gpu",
         "After the GPU's first activity seen by this agent.",
     ),
+    # --- GPM: profiling-grade activity (Hopper and later) ------------------------------------
+    *_GPM_METRICS,
     # --- memory -----------------------------------------------------------------------------
     MetricSpec(
         "gpuscope_gpu_memory_used_bytes",
@@ -370,4 +473,5 @@ GPU_METRICS: tuple[MetricSpec, ...] = (
         "gpu",
         "GPUs in MIG mode.",
     ),
+    *_MIG_GPM_METRICS,
 )

@@ -4,9 +4,10 @@ else about a GPU is on `gpuscope_gpu_info`, so device series stay stable while p
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 from gpuscope.agent.gpu.collector import GPU, GpuOptions
-from gpuscope.agent.gpu.records import GpuReading, GpuSnapshot, MigInstance, NvLink
+from gpuscope.agent.gpu.records import GpmActivity, GpuReading, GpuSnapshot, MigInstance, NvLink
 from gpuscope.exporters.prometheus.catalog_gpu import GPU_METRICS
 from gpuscope.exporters.prometheus.families import Families
 from gpuscope.exporters.prometheus.render import RenderContext, Renderer
@@ -41,6 +42,7 @@ def _render_one(snapshot: GpuSnapshot, r: GpuReading, out: Families, *, per_link
     _render_scalars(r, dev, out)
     _render_labelled(r, dev, out)
     _render_nvlinks(r.nvlinks, dev, out, per_link=per_link)
+    _render_gpm("gpuscope_gpu_", dev, r.gpm, r, out)
     _render_mig(r.mig_instances, dev, out)
 
 
@@ -163,6 +165,50 @@ def _render_mig(instances: Sequence[MigInstance], dev: DeviceLabels, out: Famili
             out.add("gpuscope_mig_memory_used_bytes", (mig.mig_uuid,), mig.memory_used_bytes)
         if mig.memory_total_bytes is not None:
             out.add("gpuscope_mig_memory_total_bytes", (mig.mig_uuid,), mig.memory_total_bytes)
+    for mig in instances:
+        if mig.integrals is not None:
+            _render_gpm("gpuscope_mig_", (*dev, mig.mig_uuid), mig.gpm, mig.integrals, out)
+
+
+class _GpmCounters(Protocol):
+    @property
+    def sm_active_seconds(self) -> float | None: ...
+    @property
+    def tensor_active_seconds(self) -> float | None: ...
+    @property
+    def dram_active_seconds(self) -> float | None: ...
+
+
+def _render_gpm(
+    prefix: str,
+    labels: tuple[str, ...],
+    gpm: GpmActivity | None,
+    counters: _GpmCounters,
+    out: Families,
+) -> None:
+    """GPM ratios of the last window and the seconds counters, for a GPU or a MIG device;
+    nothing where the GPU has no GPM (the counters are None), never zeros."""
+    if gpm is not None:
+        ratios = (
+            ("sm_active_ratio", gpm.sm_active),
+            ("sm_occupancy_ratio", gpm.sm_occupancy),
+            ("graphics_engine_active_ratio", gpm.graphics_engine_active),
+            ("tensor_active_ratio", gpm.tensor_active),
+            ("dram_active_ratio", gpm.dram_active),
+        )
+        for suffix, value in ratios:
+            if value is not None:
+                out.add(prefix + suffix, labels, value)
+        for pipe, value in gpm.pipes.items():
+            out.add(prefix + "pipe_active_ratio", (*labels, pipe), value)
+    seconds = (
+        ("sm_active_seconds_total", counters.sm_active_seconds),
+        ("tensor_active_seconds_total", counters.tensor_active_seconds),
+        ("dram_active_seconds_total", counters.dram_active_seconds),
+    )
+    for suffix, total in seconds:
+        if total is not None:
+            out.add(prefix + suffix, labels, total)
 
 
 RENDERER: Renderer[GpuSnapshot, GpuOptions] = Renderer(GPU, GPU_METRICS, render_gpu)

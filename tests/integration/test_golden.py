@@ -17,7 +17,7 @@ import pytest
 
 from tests.support import GOLDEN_DIR, wait_for
 
-PROFILES = ["dgx-h100", "hgx-a100-mig", "pcie-l40s", "mixed"]
+PROFILES = ["dgx-h100", "hgx-a100-mig", "pcie-l40s", "mixed", "dgx-h100-mig"]
 UPDATE = os.environ.get("GPUSCOPE_UPDATE_GOLDEN") == "1"
 
 

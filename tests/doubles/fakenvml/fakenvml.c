@@ -2063,10 +2063,13 @@ EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     return do_init();
 }
 
+static void gpm_forget_samples(void); /* section 6, GPM */
+
 EXPORT nvmlReturn_t nvmlShutdown(void) {
     pthread_mutex_lock(&g_lock);
     if (g_refcount == 0) return leave(NVML_ERROR_UNINITIALIZED);
     if (--g_refcount == 0) {
+        gpm_forget_samples();
         state_free(g_state);
         g_state = NULL;
         g_ident.valid = 0;
@@ -3623,6 +3626,11 @@ struct nvmlGpmSample_st {
 };
 
 static struct nvmlGpmSample_st g_gpm[FAKE_GPM_SAMPLES]; /* lock held */
+
+/* At the last nvmlShutdown every sample is forgotten: using or freeing one afterwards is
+ * INVALID_ARGUMENT (a driver's are host memory the caller must free; the fake is stricter,
+ * and a test process that starts many agents never runs out of its fixed pool). */
+static void gpm_forget_samples(void) { memset(g_gpm, 0, sizeof g_gpm); }
 
 static struct nvmlGpmSample_st *resolve_gpm_sample(nvmlGpmSample_t sample) {
     uintptr_t p = (uintptr_t)sample, base = (uintptr_t)&g_gpm[0];
