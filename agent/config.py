@@ -22,6 +22,7 @@ from gpuscope.agent.collector import Collector
 from gpuscope.agent.labels_options import LabelsOptions
 from gpuscope.agent.options import ConfigError, Flag, flag, flags_of, names, number, one_of
 from gpuscope.agent.registry import BY_NAME, COLLECTORS, DEFAULT_COLLECTORS
+from gpuscope.agent.web_config import WebConfig, load_web_config
 
 __all__ = ["AgentOptions", "Config", "ConfigError", "all_flags", "build_parser", "parse"]
 
@@ -56,6 +57,15 @@ def _node_name(flag_name: str, text: str) -> str:
         shown = os.fsencode(name).decode("utf-8", "backslashreplace")
         raise ConfigError(f"{flag_name}: not valid UTF-8: '{shown}'") from None
     return name
+
+
+def _web_config(flag_name: str, text: str) -> WebConfig | None:
+    if not text:
+        return None
+    try:
+        return load_web_config(Path(text))
+    except ConfigError as exc:
+        raise ConfigError(f"{flag_name}: {exc}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +118,13 @@ class AgentOptions:
         None,
         "kubeconfig for the Kubernetes API (pods collector, node labels)",
         shown="in-cluster config, else $KUBECONFIG",
+    )
+    web_config_file: WebConfig | None = flag(
+        None,
+        "exporter-toolkit web configuration (TLS, client certificates, basic auth, headers), "
+        "the same file node_exporter takes; read and checked at start (docs/deploy.md)",
+        parse=_web_config,
+        shown="none: plain HTTP, no authentication",
     )
 
 

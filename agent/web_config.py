@@ -1,0 +1,606 @@
+"""`--web-config-file`: TLS, basic auth and response headers in the format of Prometheus's
+exporter-toolkit (its docs/web-configuration.md), so one file serves node_exporter and
+gpuscope alike.
+
+The file is read once, at start, and everything in it is checked then: the YAML is strict
+(an unknown or repeated key is an error, as exporter-toolkit's `yaml.UnmarshalStrict` makes
+it), certificates and keys are loaded into an `ssl.SSLContext`, and every bcrypt hash is
+validated. Any problem is a `ConfigError` with one line naming the key, so the agent exits 2
+before it serves anything. Relative paths are relative to the file's folder, as in
+exporter-toolkit.
+
+Where Python's `ssl` cannot do what the Go server does, the file is refused with a line
+that says so, never served differently from what it asks: `client_auth_type:
+RequireAnyClientCert` (Python verifies every client certificate it asks for) and more than
+one `curve_preferences` entry (Python 3.11 sets one curve). `RequestClientCert` is served
+without asking for a certificate: the Go server asks but neither checks nor uses it, so who
+is let in is the same. `http_server_config.http2` is accepted and has no effect: gpuscope
+speaks HTTP/1.1 only, and offers only `http/1.1` by ALPN.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import ipaddress
+import os
+import re
+import ssl
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import bcrypt
+import yaml
+
+from gpuscope.agent.options import ConfigError
+
+__all__ = [
+    "BasicAuth",
+    "RateLimit",
+    "WebConfig",
+    "load_web_config",
+    "parse_basic_authorization",
+]
+
+# exporter-toolkit's only configurable headers, with the values it accepts (None: any).
+HEADERS: Mapping[str, tuple[str, ...] | None] = {
+    "Strict-Transport-Security": None,
+    "X-Content-Type-Options": ("nosniff",),
+    "X-Frame-Options": ("deny", "sameorigin"),
+    "X-XSS-Protection": None,
+    "Content-Security-Policy": None,
+}
+
+_TLS_VERSIONS = {
+    "TLS10": ssl.TLSVersion.TLSv1,
+    "TLS11": ssl.TLSVersion.TLSv1_1,
+    "TLS12": ssl.TLSVersion.TLSv1_2,
+    "TLS13": ssl.TLSVersion.TLSv1_3,
+}
+
+# Go's crypto/tls.CipherSuites() (the ones exporter-toolkit accepts) -> OpenSSL's names.
+# The TLS 1.3 suites map to None: Go ignores cipher_suites for TLS 1.3, and so does this.
+_CIPHERS: Mapping[str, str | None] = {
+    "TLS_RSA_WITH_AES_128_CBC_SHA": "AES128-SHA",
+    "TLS_RSA_WITH_AES_256_CBC_SHA": "AES256-SHA",
+    "TLS_RSA_WITH_AES_128_GCM_SHA256": "AES128-GCM-SHA256",
+    "TLS_RSA_WITH_AES_256_GCM_SHA384": "AES256-GCM-SHA384",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA": "ECDHE-ECDSA-AES128-SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA": "ECDHE-ECDSA-AES256-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA": "ECDHE-RSA-AES128-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA": "ECDHE-RSA-AES256-SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256": "ECDHE-ECDSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384": "ECDHE-ECDSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256": "ECDHE-RSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384": "ECDHE-RSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-RSA-CHACHA20-POLY1305",
+    "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-ECDSA-CHACHA20-POLY1305",
+    "TLS_AES_128_GCM_SHA256": None,
+    "TLS_AES_256_GCM_SHA384": None,
+    "TLS_CHACHA20_POLY1305_SHA256": None,
+}
+
+_CURVES = {
+    "CurveP256": "prime256v1",
+    "CurveP384": "secp384r1",
+    "CurveP521": "secp521r1",
+    "X25519": "X25519",
+}
+
+_CLIENT_AUTH = {
+    "": ssl.CERT_NONE,
+    "NoClientCert": ssl.CERT_NONE,
+    "RequestClientCert": ssl.CERT_NONE,  # asked for but unchecked in Go: see the docstring
+    "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
+}
+_UNSUPPORTED_CLIENT_AUTH = ("RequireAnyClientCert", "RequireClientCert")
+
+_KEYS: Mapping[str, tuple[str, ...]] = {
+    "": ("tls_server_config", "http_server_config", "rate_limit", "basic_auth_users"),
+    "tls_server_config": (
+        "cert",
+        "key",
+        "client_ca",
+        "cert_file",
+        "key_file",
+        "client_auth_type",
+        "client_ca_file",
+        "client_allowed_sans",
+        "min_version",
+        "max_version",
+        "cipher_suites",
+        "prefer_server_cipher_suites",
+        "curve_preferences",
+    ),
+    "http_server_config": ("http2", "headers"),
+    "rate_limit": ("interval", "burst"),
+}
+
+# $2a$, $2b$ or $2y$, a two-digit cost, 22 characters of salt and 31 of hash.
+_BCRYPT = re.compile(r"\$2[aby]\$(\d\d)\$[./A-Za-z0-9]{53}")
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+_DURATION_UNITS = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "µs": 1e-6,
+    "μs": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimit:
+    """`rate_limit`: a token bucket over every request, refilled one token per `interval`
+    seconds up to `burst` (golang.org/x/time/rate, as exporter-toolkit uses it)."""
+
+    interval: float
+    burst: int
+
+
+@dataclass(frozen=True)
+class WebConfig:
+    """What the file asks for, checked and loaded. `tls` is None for plain HTTP."""
+
+    path: Path
+    tls: ssl.SSLContext | None
+    client_auth_type: str
+    client_allowed_sans: frozenset[str]  # empty: any verified client certificate
+    headers: tuple[tuple[str, str], ...]
+    http2: bool
+    users: Mapping[str, bytes]  # user -> bcrypt hash; empty: no basic auth
+    rate_limit: RateLimit | None
+
+    def __str__(self) -> str:  # for --help's default column and logs
+        return str(self.path)
+
+    def summary(self) -> str:
+        """One line for the start-up log: what the file turned on."""
+        parts = [
+            f"TLS ({self.client_auth_type or 'NoClientCert'})" if self.tls else "plain HTTP",
+            f"basic auth ({len(self.users)} user{'s' if len(self.users) != 1 else ''})"
+            if self.users
+            else "no basic auth",
+        ]
+        if self.rate_limit is not None:
+            parts.append(f"rate limit {self.rate_limit.burst}/{self.rate_limit.interval:g} s")
+        return ", ".join(parts)
+
+    def san_allowed(self, peercert: Mapping[str, Any] | None) -> bool:
+        """Whether a verified client certificate (`SSLSocket.getpeercert()`) carries one of
+        `client_allowed_sans` (DNS, IP, e-mail or URI), compared exactly as Go does."""
+        if not self.client_allowed_sans:
+            return True
+        for kind, value in (peercert or {}).get("subjectAltName", ()):
+            if kind == "IP Address":
+                value = _normal_ip(value)
+            if kind in ("DNS", "IP Address", "email", "URI") and value in self.client_allowed_sans:
+                return True
+        return False
+
+
+def load_web_config(path: Path) -> WebConfig:
+    """Read, check and load a web configuration file; raise ConfigError (one line)."""
+    try:
+        text = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        document = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader: no object tags
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {_one_line(exc)}") from None
+    try:
+        return _build(path, _mapping(document, ""))
+    except _Bad as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+
+
+class _Bad(Exception):
+    """A problem in the file; the message names the key."""
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (yaml.v2's strict mode)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _build(path: Path, top: dict[str, Any]) -> WebConfig:
+    base = path.parent
+    tls_section = _mapping(top.get("tls_server_config"), "tls_server_config")
+    http_section = _mapping(top.get("http_server_config"), "http_server_config")
+    users = _users(top.get("basic_auth_users"))
+    client_auth = _string(tls_section, "tls_server_config", "client_auth_type")
+    sans = _strings(tls_section, "tls_server_config", "client_allowed_sans")
+    context = _tls_context(base, tls_section)
+    if sans and client_auth != "RequireAndVerifyClientCert":
+        raise _Bad(
+            "tls_server_config.client_allowed_sans needs client_auth_type "
+            "RequireAndVerifyClientCert"
+        )
+    return WebConfig(
+        path=path,
+        tls=context,
+        client_auth_type=client_auth if context is not None else "",
+        client_allowed_sans=frozenset(_normal_ip(s) for s in sans),
+        headers=_headers(http_section.get("headers")),
+        http2=_boolean(http_section, "http_server_config", "http2", default=True),
+        users=users,
+        rate_limit=_rate_limit(top.get("rate_limit")),
+    )
+
+
+# --- TLS ------------------------------------------------------------------------------------
+
+
+def _tls_context(base: Path, section: dict[str, Any]) -> ssl.SSLContext | None:
+    where = "tls_server_config"
+    get = {k: _string(section, where, k) for k in ("cert", "key")}
+    files = {k: _string(section, where, k) for k in ("cert_file", "key_file", "client_ca_file")}
+    ca_text = _string(section, where, "client_ca")
+    client_auth = _string(section, where, "client_auth_type")
+    enabled = any(get.values()) or any(files.values()) or ca_text or client_auth
+    if not enabled:
+        return None  # like exporter-toolkit: no certificate, no TLS (plain HTTP)
+    if not (files["cert_file"] or get["cert"]):
+        raise _Bad(f"{where}: missing one of cert or cert_file")
+    if not (files["key_file"] or get["key"]):
+        raise _Bad(f"{where}: missing one of key or key_file")
+    if client_auth in _UNSUPPORTED_CLIENT_AUTH:
+        raise _Bad(
+            f"{where}.client_auth_type {client_auth} is not supported: Python's ssl verifies "
+            "every client certificate it asks for; use RequireAndVerifyClientCert with "
+            "client_ca_file"
+        )
+    if client_auth not in _CLIENT_AUTH:
+        raise _Bad(
+            f"{where}.client_auth_type: unknown {client_auth!r} (expected NoClientCert, "
+            "RequestClientCert, VerifyClientCertIfGiven or RequireAndVerifyClientCert)"
+        )
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = _version(section, "min_version", "TLS12")
+    context.maximum_version = _version(section, "max_version", "TLS13")
+    if context.minimum_version > context.maximum_version:
+        raise _Bad(f"{where}: min_version is above max_version")
+    context.set_alpn_protocols(["http/1.1"])
+    _load_certificate(context, base, files["cert_file"], files["key_file"], get)
+    _ciphers(context, section)
+    _curve(context, section)
+
+    mode = _CLIENT_AUTH[client_auth]
+    has_ca = bool(files["client_ca_file"] or ca_text)
+    if has_ca and mode is ssl.CERT_NONE:
+        raise _Bad(f"{where}: client CA given without a client_auth_type that verifies")
+    if mode is not ssl.CERT_NONE:
+        if not has_ca:
+            raise _Bad(f"{where}.client_auth_type {client_auth} needs client_ca_file or client_ca")
+        try:
+            if files["client_ca_file"]:
+                context.load_verify_locations(cafile=str(_join(base, files["client_ca_file"])))
+            else:
+                context.load_verify_locations(cadata=ca_text)
+        except (OSError, ssl.SSLError, ValueError) as exc:
+            name = "client_ca_file" if files["client_ca_file"] else "client_ca"
+            raise _Bad(f"{where}.{name}: no CA certificate loaded: {_ssl_reason(exc)}") from None
+        context.verify_mode = mode
+    return context
+
+
+def _load_certificate(
+    context: ssl.SSLContext,
+    base: Path,
+    cert_file: str,
+    key_file: str,
+    inline: Mapping[str, str],
+) -> None:
+    """cert_file/key_file, else the inline PEM `cert`/`key` (a file wins, as in Go). Inline
+    PEM goes through a memory file: ssl loads chains only from paths, and a private key
+    should not be written to disk."""
+    where = "tls_server_config"
+    pem: dict[str, bytes] = {}
+    for name, file_name in (("cert", cert_file), ("key", key_file)):
+        if file_name:
+            file_path = _join(base, file_name)
+            try:
+                pem[name] = file_path.read_bytes()
+            except OSError as exc:
+                raise _Bad(
+                    f"{where}.{name}_file: cannot read {file_path}: {exc.strerror or exc}"
+                ) from None
+        else:
+            pem[name] = inline[name].encode()
+    fd = os.memfd_create("gpuscope-web-config", os.MFD_CLOEXEC)
+    try:
+        os.write(fd, pem["key"] + b"\n" + pem["cert"])
+        context.load_cert_chain(f"/proc/self/fd/{fd}")
+    except (ssl.SSLError, OSError) as exc:
+        cert = f"cert_file {cert_file}" if cert_file else "cert"
+        key = f"key_file {key_file}" if key_file else "key"
+        raise _Bad(
+            f"{where}: {cert} and {key} are not a PEM certificate and its key: {_ssl_reason(exc)}"
+        ) from None
+    finally:
+        os.close(fd)
+
+
+def _version(section: dict[str, Any], key: str, default: str) -> ssl.TLSVersion:
+    name = _string(section, "tls_server_config", key) or default
+    if name not in _TLS_VERSIONS:
+        raise _Bad(
+            f"tls_server_config.{key}: unknown TLS version {name!r} (expected "
+            f"{', '.join(_TLS_VERSIONS)})"
+        )
+    return _TLS_VERSIONS[name]
+
+
+def _ciphers(context: ssl.SSLContext, section: dict[str, Any]) -> None:
+    where = "tls_server_config"
+    names = _strings(section, where, "cipher_suites")
+    unknown = [n for n in names if n not in _CIPHERS]
+    if unknown:
+        raise _Bad(f"{where}.cipher_suites: unknown cipher {unknown[0]!r}")
+    openssl = [c for c in (_CIPHERS[n] for n in names) if c is not None]
+    if openssl:
+        try:
+            context.set_ciphers(":".join(openssl))
+        except ssl.SSLError:
+            raise _Bad(f"{where}.cipher_suites: none of them is available here") from None
+    if not _boolean(section, where, "prefer_server_cipher_suites", default=True):
+        context.options &= ~ssl.OP_CIPHER_SERVER_PREFERENCE
+    else:
+        context.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
+
+
+def _curve(context: ssl.SSLContext, section: dict[str, Any]) -> None:
+    where = "tls_server_config.curve_preferences"
+    curves = _strings(section, "tls_server_config", "curve_preferences")
+    unknown = [c for c in curves if c not in _CURVES]
+    if unknown:
+        raise _Bad(f"{where}: unknown curve {unknown[0]!r} (expected {', '.join(_CURVES)})")
+    if len(curves) > 1:
+        raise _Bad(f"{where}: gpuscope can use only one curve (Python's ssl sets one); give one")
+    if curves:
+        context.set_ecdh_curve(_CURVES[curves[0]])
+
+
+def _ssl_reason(exc: BaseException) -> str:
+    if isinstance(exc, ssl.SSLError) and exc.reason:
+        return str(exc.reason).replace("_", " ").lower()
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return _one_line(exc)
+
+
+# --- the other sections -----------------------------------------------------------------------
+
+
+def _headers(value: Any) -> tuple[tuple[str, str], ...]:
+    where = "http_server_config.headers"
+    section = _mapping(value, where, open_keys=True)
+    out = []
+    for name, text in section.items():
+        if name not in HEADERS:
+            raise _Bad(f"{where}: HTTP header {name!r} can not be configured")
+        if not isinstance(text, str):
+            raise _Bad(f"{where}.{name}: expected a string")
+        allowed = HEADERS[name]
+        if allowed is not None and text not in allowed:
+            raise _Bad(f"{where}.{name}: expected one of {', '.join(allowed)}, got {text!r}")
+        if any(c in text for c in "\r\n\0"):
+            raise _Bad(f"{where}.{name}: a header value cannot hold a line break")
+        if text:  # blank means unset
+            out.append((name, text))
+    return tuple(out)
+
+
+def _users(value: Any) -> dict[str, bytes]:
+    where = "basic_auth_users"
+    section = _mapping(value, where, open_keys=True)
+    users = {}
+    for user, hashed in section.items():
+        if not isinstance(user, str) or not isinstance(hashed, str):
+            raise _Bad(f"{where}: expected user: bcrypt-hash strings")
+        match = _BCRYPT.fullmatch(hashed)
+        if match is None:
+            raise _Bad(f"{where}.{user}: not a bcrypt hash ($2a$, $2b$ or $2y$, 60 characters)")
+        if not 4 <= int(match.group(1)) <= 31:
+            raise _Bad(f"{where}.{user}: bcrypt cost {match.group(1)} is outside 4-31")
+        users[user] = hashed.encode()
+    return users
+
+
+def _rate_limit(value: Any) -> RateLimit | None:
+    section = _mapping(value, "rate_limit")
+    interval = _duration(section.get("interval", 0))
+    burst = section.get("burst", 0)
+    if not isinstance(burst, int) or isinstance(burst, bool) or burst < 0:
+        raise _Bad("rate_limit.burst: expected a whole number >= 0")
+    return RateLimit(interval, burst) if interval > 0 else None
+
+
+def _duration(value: Any) -> float:
+    """A Go duration ("1s", "250ms", "1m30s") or a whole number of nanoseconds, in seconds."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value * 1e-9
+    if not isinstance(value, str):
+        raise _Bad("rate_limit.interval: expected a duration such as 1s or 250ms")
+    text = value.strip()
+    if text == "0":
+        return 0.0
+    parts = _DURATION_PART.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise _Bad(f"rate_limit.interval: {value!r} is not a duration such as 1s or 250ms")
+    return sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
+
+
+# --- YAML shapes ------------------------------------------------------------------------------
+
+
+def _mapping(value: Any, where: str, *, open_keys: bool = False) -> dict[str, Any]:
+    """A mapping (null counts as empty), its keys checked against the section's known keys
+    unless `open_keys` (headers and users are open mappings)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _Bad(f"{where or 'the file'}: expected a mapping")
+    keys = None if open_keys else _KEYS.get(where)
+    if keys is not None:
+        for key in value:
+            if key not in keys:
+                at = f" in {where}" if where else ""
+                raise _Bad(f"unknown key {key!r}{at} (known: {', '.join(keys)})")
+    return value
+
+
+def _string(section: dict[str, Any], where: str, key: str) -> str:
+    value = section.get(key)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise _Bad(f"{where}.{key}: expected a string")
+    return value
+
+
+def _strings(section: dict[str, Any], where: str, key: str) -> list[str]:
+    value = section.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise _Bad(f"{where}.{key}: expected a list of strings")
+    return value
+
+
+def _boolean(section: dict[str, Any], where: str, key: str, *, default: bool) -> bool:
+    value = section.get(key, default)
+    if not isinstance(value, bool):
+        raise _Bad(f"{where}.{key}: expected true or false")
+    return value
+
+
+def _join(base: Path, name: str) -> Path:
+    path = Path(name)
+    return path if path.is_absolute() else base / path
+
+
+def _normal_ip(text: str) -> str:
+    """IP SANs compare as addresses ("::1" and Python's "0:0:0:0:0:0:0:1" are one)."""
+    try:
+        return str(ipaddress.ip_address(text.strip()))
+    except ValueError:
+        return text
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:300]
+
+
+# --- basic auth -------------------------------------------------------------------------------
+
+
+def parse_basic_authorization(header: str) -> tuple[str, bytes] | None:
+    """`Authorization: Basic base64(user:password)` -> (user, password), else None."""
+    scheme, _, token = header.strip().partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        decoded = base64.b64decode(token.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    user, sep, password = decoded.partition(b":")
+    if not sep:
+        return None
+    try:
+        return user.decode("utf-8"), password
+    except UnicodeDecodeError:
+        return None
+
+
+class BasicAuth:
+    """Checks credentials against `basic_auth_users` at a bounded cost.
+
+    bcrypt costs about 100 ms at cost 10, by design. A check that succeeded is remembered
+    for `ttl` seconds (by a digest of user, hash and password; the password is not kept),
+    so a scraper pays bcrypt once a minute, not on every scrape; `cached` answers from that
+    memory at once and is what the event loop calls. `verify` pays bcrypt, one check at a
+    time (a lock, as exporter-toolkit does), so a flood of wrong passwords costs at most one
+    core; failures are not remembered, so they cannot push a good entry out. An unknown
+    user is checked against a hash of the same cost, so timing does not reveal user names.
+    """
+
+    def __init__(
+        self,
+        users: Mapping[str, bytes],
+        *,
+        ttl: float = 60.0,
+        max_entries: int = 64,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._users = dict(users)
+        self._ttl = ttl
+        self._max = max_entries
+        self._clock = clock
+        self._good: OrderedDict[bytes, float] = OrderedDict()
+        self._lock = threading.Lock()
+        self._bcrypt_lock = threading.Lock()
+        cost = int(next(iter(self._users.values()))[4:6]) if self._users else 4
+        self._decoy = bcrypt.hashpw(b"decoy password", bcrypt.gensalt(cost))
+
+    def _key(self, user: str, password: bytes) -> bytes:
+        hashed = self._users.get(user, b"")
+        return hashlib.sha256(
+            b"\0".join((user.encode("utf-8", "surrogateescape"), hashed, password))
+        ).digest()
+
+    def cached(self, user: str, password: bytes) -> bool:
+        """True when these credentials were verified less than `ttl` seconds ago."""
+        key = self._key(user, password)
+        with self._lock:
+            expires = self._good.get(key)
+            if expires is None:
+                return False
+            if expires < self._clock():
+                del self._good[key]
+                return False
+            return True
+
+    def verify(self, user: str, password: bytes) -> bool:
+        """Check with bcrypt (slow: call it off the event loop) and remember a success."""
+        hashed = self._users.get(user)
+        with self._bcrypt_lock:
+            ok = _checkpw(password, hashed if hashed is not None else self._decoy)
+        ok = ok and hashed is not None
+        if ok:
+            with self._lock:
+                self._good[self._key(user, password)] = self._clock() + self._ttl
+                self._good.move_to_end(self._key(user, password))
+                while len(self._good) > self._max:
+                    self._good.popitem(last=False)
+        return ok
+
+
+def _checkpw(password: bytes, hashed: bytes) -> bool:
+    """bcrypt reads at most 72 bytes of password; the bcrypt package refuses longer ones
+    rather than truncate, so truncate as htpasswd and Go's bcrypt do."""
+    try:
+        return bcrypt.checkpw(password[:72], hashed)
+    except ValueError:
+        return False

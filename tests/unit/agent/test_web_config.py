@@ -1,0 +1,423 @@
+"""`--web-config-file` (agent/web_config.py): every key of exporter-toolkit's format that
+gpuscope reads, and every way a file is refused, with the one line a user sees. The server
+side (TLS, 401s, headers) is in tests/integration/test_server_tls.py."""
+
+from __future__ import annotations
+
+import ssl
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuscope.agent.config import parse
+from gpuscope.agent.options import ConfigError
+from gpuscope.agent.web_config import (
+    BasicAuth,
+    WebConfig,
+    load_web_config,
+    parse_basic_authorization,
+)
+from tests.support.tls import Pki, bcrypt_hash, make_pki, write_web_config
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+def load(tmp_path: Path, config: dict[str, Any]) -> WebConfig:
+    return load_web_config(write_web_config(tmp_path / "web.yml", config))
+
+
+def refused(tmp_path: Path, config: dict[str, Any] | str) -> str:
+    path = tmp_path / "web.yml"
+    if isinstance(config, str):
+        path.write_text(config)
+    else:
+        write_web_config(path, config)
+    with pytest.raises(ConfigError) as caught:
+        load_web_config(path)
+    message = str(caught.value)
+    assert "\n" not in message
+    return message
+
+
+def tls(pki: Pki) -> dict[str, Any]:
+    return {"tls_server_config": {"cert_file": str(pki.server), "key_file": str(pki.server_key)}}
+
+
+def with_tls(pki: Pki, **extra: Any) -> dict[str, Any]:
+    config = tls(pki)
+    config["tls_server_config"].update(extra)
+    return config
+
+
+# --- what a good file turns on --------------------------------------------------------------
+
+
+def test_an_empty_file_is_plain_http_without_auth(tmp_path: Path) -> None:
+    (tmp_path / "web.yml").write_text("")
+    web = load_web_config(tmp_path / "web.yml")
+    assert (web.tls, web.users, web.headers, web.rate_limit) == (None, {}, (), None)
+    assert web.summary() == "plain HTTP, no basic auth"
+
+
+def test_tls_keys_without_a_certificate_leave_tls_off_as_exporter_toolkit(
+    tmp_path: Path,
+) -> None:
+    web = load(tmp_path, {"tls_server_config": {"min_version": "TLS13"}})
+    assert web.tls is None
+
+
+def test_cert_and_key_files_make_a_tls_server_context(tmp_path: Path, pki: Pki) -> None:
+    web = load(tmp_path, tls(pki))
+    assert isinstance(web.tls, ssl.SSLContext)
+    assert web.tls.verify_mode is ssl.CERT_NONE
+    assert web.tls.minimum_version is ssl.TLSVersion.TLSv1_2
+    assert web.tls.maximum_version is ssl.TLSVersion.TLSv1_3
+    assert web.summary() == "TLS (NoClientCert), no basic auth"
+
+
+def test_relative_paths_are_relative_to_the_files_folder(tmp_path: Path, pki: Pki) -> None:
+    config = {"tls_server_config": {"cert_file": "server.pem", "key_file": "server-key.pem"}}
+    web = load_web_config(write_web_config(pki.folder / "web.yml", config))
+    assert web.tls is not None
+
+
+def test_inline_cert_and_key(tmp_path: Path, pki: Pki) -> None:
+    config = {
+        "tls_server_config": {
+            "cert": pki.server.read_text(),
+            "key": pki.server_key.read_text(),
+            "client_ca": pki.ca.read_text(),
+            "client_auth_type": "RequireAndVerifyClientCert",
+        }
+    }
+    web = load(tmp_path, config)
+    assert web.tls is not None and web.tls.verify_mode is ssl.CERT_REQUIRED
+
+
+@pytest.mark.parametrize(
+    ("client_auth_type", "mode"),
+    [
+        ("NoClientCert", ssl.CERT_NONE),
+        ("RequestClientCert", ssl.CERT_NONE),
+        ("VerifyClientCertIfGiven", ssl.CERT_OPTIONAL),
+        ("RequireAndVerifyClientCert", ssl.CERT_REQUIRED),
+    ],
+)
+def test_client_auth_types(
+    tmp_path: Path, pki: Pki, client_auth_type: str, mode: ssl.VerifyMode
+) -> None:
+    extra: dict[str, Any] = {"client_auth_type": client_auth_type}
+    if mode is not ssl.CERT_NONE:
+        extra["client_ca_file"] = str(pki.ca)
+    web = load(tmp_path, with_tls(pki, **extra))
+    assert web.tls is not None and web.tls.verify_mode is mode
+
+
+def test_tls_versions(tmp_path: Path, pki: Pki) -> None:
+    web = load(tmp_path, with_tls(pki, min_version="TLS13", max_version="TLS13"))
+    assert web.tls is not None
+    assert web.tls.minimum_version is ssl.TLSVersion.TLSv1_3
+
+
+def test_cipher_suites_take_gos_names(tmp_path: Path, pki: Pki) -> None:
+    suites = ["TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256", "TLS_AES_128_GCM_SHA256"]
+    web = load(tmp_path, with_tls(pki, cipher_suites=suites, prefer_server_cipher_suites=False))
+    assert web.tls is not None
+    tls12 = [c["name"] for c in web.tls.get_ciphers() if c["protocol"] == "TLSv1.2"]
+    assert tls12 == ["ECDHE-ECDSA-AES128-GCM-SHA256"]
+    assert not web.tls.options & ssl.OP_CIPHER_SERVER_PREFERENCE
+
+
+def test_one_curve_preference(tmp_path: Path, pki: Pki) -> None:
+    assert load(tmp_path, with_tls(pki, curve_preferences=["CurveP256"])).tls is not None
+
+
+def test_client_allowed_sans_match_dns_and_ip(tmp_path: Path, pki: Pki) -> None:
+    config = with_tls(
+        pki,
+        client_auth_type="RequireAndVerifyClientCert",
+        client_ca_file=str(pki.ca),
+        client_allowed_sans=["scraper.example", "::1"],
+    )
+    web = load(tmp_path, config)
+    assert web.san_allowed({"subjectAltName": (("DNS", "scraper.example"),)})
+    assert web.san_allowed({"subjectAltName": (("IP Address", "0:0:0:0:0:0:0:1"),)})
+    assert not web.san_allowed({"subjectAltName": (("DNS", "other.example"),)})
+    assert not web.san_allowed(None)
+
+
+def test_headers_users_http2_and_rate_limit(tmp_path: Path) -> None:
+    hashed = bcrypt_hash("s3cret")
+    config = {
+        "http_server_config": {
+            "http2": False,
+            "headers": {
+                "X-Content-Type-Options": "nosniff",
+                "X-Frame-Options": "deny",
+                "Strict-Transport-Security": "max-age=31536000",
+                "Content-Security-Policy": "",
+            },
+        },
+        "basic_auth_users": {"prometheus": hashed},
+        "rate_limit": {"interval": "250ms", "burst": 5},
+    }
+    web = load(tmp_path, config)
+    assert web.headers == (
+        ("X-Content-Type-Options", "nosniff"),
+        ("X-Frame-Options", "deny"),
+        ("Strict-Transport-Security", "max-age=31536000"),
+    )
+    assert web.http2 is False
+    assert web.users == {"prometheus": hashed.encode()}
+    assert web.rate_limit is not None
+    assert (web.rate_limit.interval, web.rate_limit.burst) == (0.25, 5)
+    assert web.summary() == "plain HTTP, basic auth (1 user), rate limit 5/0.25 s"
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("1m30s", 90.0), ("1.5h", 5400.0), ("0", 0.0)])
+def test_rate_limit_intervals_are_go_durations(tmp_path: Path, text: str, seconds: float) -> None:
+    web = load(tmp_path, {"rate_limit": {"interval": text, "burst": 1}})
+    assert (web.rate_limit.interval if web.rate_limit else 0.0) == seconds
+
+
+def test_htpasswd_2y_hashes_are_accepted(tmp_path: Path) -> None:
+    hashed = "$2y$" + bcrypt_hash("pw")[4:]
+    assert load(tmp_path, {"basic_auth_users": {"u": hashed}}).users == {"u": hashed.encode()}
+
+
+def test_the_flag_and_its_variable_load_the_file(tmp_path: Path) -> None:
+    path = write_web_config(tmp_path / "web.yml", {"basic_auth_users": {"u": bcrypt_hash("x")}})
+    from_flag = parse(["--web-config-file", str(path)], env={}).agent.web_config_file
+    from_env = parse([], env={"GPUSCOPE_WEB_CONFIG_FILE": str(path)}).agent.web_config_file
+    assert from_flag is not None and from_env is not None
+    assert from_flag.users == from_env.users
+    assert parse([], env={}).agent.web_config_file is None
+
+
+def test_a_bad_file_names_the_flag(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^--web-config-file: cannot read .*missing\.yml"):
+        parse(["--web-config-file", str(tmp_path / "missing.yml")], env={})
+
+
+# --- every way a file is refused -------------------------------------------------------------
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="No such file or directory"):
+        load_web_config(tmp_path / "nope.yml")
+
+
+def test_unparsable_yaml(tmp_path: Path) -> None:
+    assert "not valid YAML" in refused(tmp_path, "tls_server_config: [unclosed\n")
+
+
+def test_a_key_given_twice(tmp_path: Path) -> None:
+    text = "basic_auth_users:\n  a: x\n  a: y\n"
+    assert "key 'a' is given twice" in refused(tmp_path, text)
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"tls_config": {}}, "unknown key 'tls_config' (known: tls_server_config"),
+        (
+            {"tls_server_config": {"certfile": "x"}},
+            "unknown key 'certfile' in tls_server_config",
+        ),
+        ({"http_server_config": {"http3": True}}, "unknown key 'http3' in http_server_config"),
+        ({"rate_limit": {"every": "1s"}}, "unknown key 'every' in rate_limit"),
+        ({"auth_excluded_paths": ["/metrics"]}, "unknown key 'auth_excluded_paths'"),
+        ("- a list\n", "the file: expected a mapping"),
+        ({"basic_auth_users": ["u"]}, "basic_auth_users: expected a mapping"),
+    ],
+)
+def test_unknown_keys_and_wrong_shapes(
+    tmp_path: Path, config: dict[str, Any] | str, message: str
+) -> None:
+    assert message in refused(tmp_path, config)
+
+
+def test_cert_without_key_and_key_without_cert(tmp_path: Path, pki: Pki) -> None:
+    no_key = {"tls_server_config": {"cert_file": str(pki.server)}}
+    assert "missing one of key or key_file" in refused(tmp_path, no_key)
+    no_cert = {"tls_server_config": {"key_file": str(pki.server_key)}}
+    assert "missing one of cert or cert_file" in refused(tmp_path, no_cert)
+
+
+def test_unreadable_cert_and_key_files(tmp_path: Path, pki: Pki) -> None:
+    config = {"tls_server_config": {"cert_file": "gone.pem", "key_file": str(pki.server_key)}}
+    message = refused(tmp_path, config)
+    assert "tls_server_config.cert_file: cannot read" in message
+    assert "gone.pem: No such file or directory" in message
+    config = {"tls_server_config": {"cert_file": str(pki.server), "key_file": "gone.pem"}}
+    assert "tls_server_config.key_file: cannot read" in refused(tmp_path, config)
+
+
+def test_a_cert_that_is_not_pem_and_a_key_that_does_not_match(tmp_path: Path, pki: Pki) -> None:
+    (tmp_path / "junk.pem").write_text("not a certificate\n")
+    junk = {"tls_server_config": {"cert_file": "junk.pem", "key_file": str(pki.server_key)}}
+    assert "are not a PEM certificate and its key" in refused(tmp_path, junk)
+    mismatch = {"tls_server_config": {"cert_file": str(pki.server), "key_file": str(pki.ca_key)}}
+    assert "key values mismatch" in refused(tmp_path, mismatch)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"client_auth_type": "Maybe"}, "client_auth_type: unknown 'Maybe'"),
+        ({"client_auth_type": "RequireAnyClientCert"}, "RequireAnyClientCert is not supported"),
+        ({"client_auth_type": "RequireClientCert"}, "RequireClientCert is not supported"),
+        (
+            {"client_auth_type": "RequireAndVerifyClientCert"},
+            "RequireAndVerifyClientCert needs client_ca_file or client_ca",
+        ),
+        ({"client_ca_file": "/x"}, "client CA given without a client_auth_type that verifies"),
+        (
+            {"client_auth_type": "VerifyClientCertIfGiven", "client_ca_file": "/no/ca.pem"},
+            "client_ca_file: no CA certificate loaded",
+        ),
+        (
+            {"client_allowed_sans": ["a"]},
+            "client_allowed_sans needs client_auth_type RequireAndVerifyClientCert",
+        ),
+        ({"min_version": "TLS14"}, "min_version: unknown TLS version 'TLS14'"),
+        ({"max_version": "SSL3"}, "max_version: unknown TLS version 'SSL3'"),
+        (
+            {"min_version": "TLS13", "max_version": "TLS12"},
+            "min_version is above max_version",
+        ),
+        ({"cipher_suites": ["TLS_RSA_WITH_RC4_128_SHA"]}, "unknown cipher 'TLS_RSA_WITH_RC4"),
+        ({"cipher_suites": "TLS_AES_128_GCM_SHA256"}, "cipher_suites: expected a list"),
+        ({"curve_preferences": ["CurveP999"]}, "unknown curve 'CurveP999'"),
+        ({"curve_preferences": ["X25519", "CurveP256"]}, "can use only one curve"),
+        ({"prefer_server_cipher_suites": "yes"}, "expected true or false"),
+        ({"client_auth_type": 1}, "client_auth_type: expected a string"),
+    ],
+)
+def test_bad_tls_settings(tmp_path: Path, pki: Pki, extra: dict[str, Any], message: str) -> None:
+    assert message in refused(tmp_path, with_tls(pki, **extra))
+
+
+def test_a_client_ca_file_without_certificates(tmp_path: Path, pki: Pki) -> None:
+    (tmp_path / "empty-ca.pem").write_text("# no certificates here\n")
+    config = with_tls(
+        pki, client_auth_type="RequireAndVerifyClientCert", client_ca_file="empty-ca.pem"
+    )
+    assert "client_ca_file: no CA certificate loaded" in refused(tmp_path, config)
+
+
+@pytest.mark.parametrize(
+    ("headers", "message"),
+    [
+        ({"X-Powered-By": "me"}, "HTTP header 'X-Powered-By' can not be configured"),
+        ({"X-Frame-Options": "allow"}, "expected one of deny, sameorigin, got 'allow'"),
+        ({"X-Content-Type-Options": "sniff"}, "expected one of nosniff"),
+        ({"Content-Security-Policy": "a\r\nSet-Cookie: x"}, "cannot hold a line break"),
+        ({"X-XSS-Protection": 1}, "X-XSS-Protection: expected a string"),
+    ],
+)
+def test_bad_headers(tmp_path: Path, headers: dict[str, Any], message: str) -> None:
+    assert message in refused(tmp_path, {"http_server_config": {"headers": headers}})
+
+
+def test_http2_must_be_a_boolean(tmp_path: Path) -> None:
+    config = {"http_server_config": {"http2": "on"}}
+    assert "http_server_config.http2: expected true or false" in refused(tmp_path, config)
+
+
+@pytest.mark.parametrize(
+    ("hashed", "message"),
+    [
+        ("plaintext", "basic_auth_users.u: not a bcrypt hash"),
+        ("$2b$10$tooshort", "not a bcrypt hash"),
+        ("$1$" + "a" * 57, "not a bcrypt hash"),
+        ("$2b$03$" + "a" * 53, "bcrypt cost 03 is outside 4-31"),
+        ("$2b$32$" + "a" * 53, "bcrypt cost 32 is outside 4-31"),
+        (12345, "expected user: bcrypt-hash strings"),
+    ],
+)
+def test_bad_bcrypt_hashes(tmp_path: Path, hashed: Any, message: str) -> None:
+    assert message in refused(tmp_path, {"basic_auth_users": {"u": hashed}})
+
+
+@pytest.mark.parametrize(
+    ("rate_limit", "message"),
+    [
+        ({"interval": "fast", "burst": 1}, "'fast' is not a duration"),
+        ({"interval": "1s", "burst": -1}, "rate_limit.burst: expected a whole number >= 0"),
+        ({"interval": ["1s"], "burst": 1}, "rate_limit.interval: expected a duration"),
+    ],
+)
+def test_bad_rate_limits(tmp_path: Path, rate_limit: dict[str, Any], message: str) -> None:
+    assert message in refused(tmp_path, {"rate_limit": rate_limit})
+
+
+# --- basic auth -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        ("Basic dXNlcjpwYXNz", ("user", b"pass")),
+        ("basic dXNlcjpwYTpzcw==", ("user", b"pa:ss")),  # a colon in the password
+        ("Bearer dXNlcjpwYXNz", None),
+        ("Basic not-base64!", None),
+        ("Basic dXNlcg==", None),  # no colon
+        ("", None),
+    ],
+)
+def test_parse_basic_authorization(header: str, expected: tuple[str, bytes] | None) -> None:
+    assert parse_basic_authorization(header) == expected
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_good_check_is_remembered_for_its_ttl_and_a_bad_one_never(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import gpuscope.agent.web_config as web_config
+
+    clock = Clock()
+    auth = BasicAuth({"prom": bcrypt_hash("right").encode()}, ttl=60, clock=clock)
+    calls: list[bytes] = []
+    real = web_config._checkpw
+
+    def counting(password: bytes, hashed: bytes) -> bool:
+        calls.append(password)
+        return real(password, hashed)
+
+    monkeypatch.setattr(web_config, "_checkpw", counting)
+    assert not auth.cached("prom", b"right")
+    assert auth.verify("prom", b"right")
+    assert all(auth.cached("prom", b"right") for _ in range(100))  # no bcrypt for these
+    assert not auth.cached("prom", b"wrong")
+    assert not auth.verify("prom", b"wrong")
+    assert not auth.cached("prom", b"wrong")
+    assert not auth.verify("nobody", b"right")  # an unknown user pays bcrypt too
+    assert calls == [b"right", b"wrong", b"right"]
+    clock.now = 61.0
+    assert not auth.cached("prom", b"right")  # expired: the next request pays again
+
+
+def test_the_memory_of_good_checks_is_bounded() -> None:
+    users = {f"u{i}": bcrypt_hash("pw").encode() for i in range(5)}
+    auth = BasicAuth(users, max_entries=3)
+    for i in range(5):
+        assert auth.verify(f"u{i}", b"pw")
+    assert [auth.cached(f"u{i}", b"pw") for i in range(5)] == [False, False, True, True, True]
+
+
+def test_a_password_beyond_72_bytes_is_checked_as_bcrypt_reads_it() -> None:
+    long = b"p" * 80
+    auth = BasicAuth({"u": bcrypt_hash("p" * 72).encode()})
+    assert auth.verify("u", long)
