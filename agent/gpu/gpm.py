@@ -15,7 +15,9 @@ GPU and runs only on that GPU's gate worker (agent/gpu/gate.py), so a hung GPM c
 that GPU alone; it returns plain `GpmWindow` records and never touches sampler state.
 
 A failed sample or metrics call keeps the older sample: the next success then covers the
-longer window, so nothing is lost or counted twice.
+longer window, so nothing is lost or counted twice. The reader keeps the running totals
+itself and each read returns them whole, so a read whose result the sampler never saw (it
+ran past the read deadline, its late result dropped) loses nothing either.
 """
 
 from __future__ import annotations
@@ -114,20 +116,24 @@ def supported(nvml: Nvml, handle: Any) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class GpmWindow:
-    """One scope's metrics over the window between its last two samples."""
+class GpmScopeReading:
+    """One scope's GPM so far: seconds counters (ratio x window, summed over every window
+    since the scope's first sample) and the last window's ratios."""
 
-    activity: GpmActivity
-    seconds: float  # the window's length on the agent's monotonic clock
+    sm_active_seconds: float
+    tensor_active_seconds: float
+    dram_active_seconds: float
+    activity: GpmActivity | None  # None until the first window
+    activity_at: float  # agent monotonic time that window ended
 
 
 @dataclass(frozen=True, slots=True)
 class GpmTick:
-    """What one tick's GPM reads of a GPU gave: a window per scope that has one now
-    (`gpu` the whole GPU, `instances` by MIG GPU instance id)."""
+    """A GPU's GPM after one read: `gpu` the whole GPU, `instances` by MIG GPU instance id;
+    a scope is there once it has had its first window."""
 
-    gpu: GpmWindow | None = None
-    instances: Mapping[int, GpmWindow] = field(default_factory=dict)
+    gpu: GpmScopeReading | None = None
+    instances: Mapping[int, GpmScopeReading] = field(default_factory=dict)
 
 
 class _Scope:
@@ -139,7 +145,34 @@ class _Scope:
         self.previous_at = 0.0
         self.spare: ctypes.c_void_p | None = None
         self.dead = False  # answered NOT_SUPPORTED / NOT_FOUND: no more calls
+        self.sm_active_seconds = 0.0
+        self.tensor_active_seconds = 0.0
+        self.dram_active_seconds = 0.0
+        self.activity: GpmActivity | None = None
+        self.activity_at = 0.0
         self._nvml = nvml
+
+    def add(self, activity: GpmActivity, seconds: float, at: float) -> None:
+        """One window: the ratios become the latest, ratio x length goes to the counters."""
+        if activity.sm_active is not None:
+            self.sm_active_seconds += activity.sm_active * seconds
+        if activity.tensor_active is not None:
+            self.tensor_active_seconds += activity.tensor_active * seconds
+        if activity.dram_active is not None:
+            self.dram_active_seconds += activity.dram_active * seconds
+        self.activity = activity
+        self.activity_at = at
+
+    def reading(self) -> GpmScopeReading | None:
+        if self.activity is None:
+            return None
+        return GpmScopeReading(
+            sm_active_seconds=self.sm_active_seconds,
+            tensor_active_seconds=self.tensor_active_seconds,
+            dram_active_seconds=self.dram_active_seconds,
+            activity=self.activity,
+            activity_at=self.activity_at,
+        )
 
     def allocate(self) -> bool:
         for attr in ("previous", "spare"):
@@ -204,16 +237,17 @@ class GpmReader:
         ):
             self.set_scopes(gpu_instances(self._nvml, self._handle))
         self._reads += 1
-        whole: GpmWindow | None = None
-        instances: dict[int, GpmWindow] = {}
+        whole: GpmScopeReading | None = None
+        instances: dict[int, GpmScopeReading] = {}
         for key, scope in self._scopes.items():
-            window = self._step(scope)
-            if window is None:
+            self._step(scope)
+            got = scope.reading()
+            if got is None:
                 continue
             if key is None:
-                whole = window
+                whole = got
             else:
-                instances[key] = window
+                instances[key] = got
         return GpmTick(gpu=whole, instances=MappingProxyType(instances))
 
     def close(self) -> None:
@@ -222,27 +256,27 @@ class GpmReader:
             scope.free()
         self._scopes.clear()
 
-    def _step(self, scope: _Scope) -> GpmWindow | None:
+    def _step(self, scope: _Scope) -> None:
+        """Sample the scope; with a previous sample, add the window between them."""
         if scope.dead:
-            return None
+            return
         if scope.previous is None and not scope.allocate():
             scope.dead = True
-            return None
+            return
         assert scope.previous is not None and scope.spare is not None
         if not self._sample(scope, scope.spare):
-            return None
+            return
         at = self._clock()
         if scope.previous_at < 0 or at <= scope.previous_at:
             scope.previous, scope.spare = scope.spare, scope.previous
             scope.previous_at = at
-            return None
+            return
         activity = self._metrics(scope.previous, scope.spare)
         if activity is None:
-            return None  # keep the older sample: the next window covers this one too
-        seconds = at - scope.previous_at
+            return  # keep the older sample: the next window covers this one too
+        scope.add(activity, at - scope.previous_at, at)
         scope.previous, scope.spare = scope.spare, scope.previous
         scope.previous_at = at
-        return GpmWindow(activity=activity, seconds=seconds)
 
     def _sample(self, scope: _Scope, sample: ctypes.c_void_p) -> bool:
         if scope.gpu_instance is None:

@@ -35,7 +35,7 @@ from gpuscope.agent.clock import Clock
 from gpuscope.agent.gpu import fields
 from gpuscope.agent.gpu.device import NVML_TEMPERATURE_GPU, Device
 from gpuscope.agent.gpu.gate import Blocked, GpuGates, Job
-from gpuscope.agent.gpu.gpm import GpmReader, GpmTick, GpmWindow
+from gpuscope.agent.gpu.gpm import GpmReader, GpmScopeReading, GpmTick
 from gpuscope.agent.gpu.nvml import (
     FUNCTION_NOT_FOUND,
     NOT_FOUND,
@@ -45,7 +45,7 @@ from gpuscope.agent.gpu.nvml import (
     NvmlCallError,
     union_value,
 )
-from gpuscope.agent.gpu.records import GpmActivity, GpuIntegrals
+from gpuscope.agent.gpu.records import GpuIntegrals
 
 log = logging.getLogger("gpuscope.gpu.sampler")
 
@@ -178,39 +178,6 @@ class RateIntegrator:
         self._last_at = monotonic
 
 
-class GpmTotals:
-    """One GPM scope's seconds counters and latest ratios, fed one window at a time."""
-
-    def __init__(self) -> None:
-        self.sm_active_seconds = 0.0
-        self.tensor_active_seconds = 0.0
-        self.dram_active_seconds = 0.0
-        self.activity: GpmActivity | None = None
-        self.activity_at = 0.0  # monotonic time of the window that gave `activity`
-
-    def add(self, window: GpmWindow, monotonic: float) -> None:
-        a, seconds = window.activity, window.seconds
-        if a.sm_active is not None:
-            self.sm_active_seconds += a.sm_active * seconds
-        if a.tensor_active is not None:
-            self.tensor_active_seconds += a.tensor_active * seconds
-        if a.dram_active is not None:
-            self.dram_active_seconds += a.dram_active * seconds
-        self.activity = a
-        self.activity_at = monotonic
-
-    def integrals(self, monotonic: float, max_age: float) -> GpuIntegrals:
-        """The counters, and the ratios while no older than `max_age` (a GPM call failing
-        tick after tick leaves the counters standing but no stale gauge)."""
-        fresh = self.activity is not None and monotonic - self.activity_at <= max_age
-        return GpuIntegrals(
-            sm_active_seconds=self.sm_active_seconds,
-            tensor_active_seconds=self.tensor_active_seconds,
-            dram_active_seconds=self.dram_active_seconds,
-            gpm=self.activity if fresh else None,
-        )
-
-
 class UtilMode(Enum):
     SAMPLES = "samples"
     RATES = "rates"
@@ -226,8 +193,7 @@ class _GpuState:
     energy: RateIntegrator | None = None  # only where the device has no energy counter
     probed: bool = False
     gpm: GpmReader | None = None  # used on the GPU's worker only
-    gpm_gpu: GpmTotals | None = None  # from the first GPM window of the whole GPU
-    gpm_instances: dict[int, GpmTotals] | None = None  # by MIG GPU instance id
+    gpm_tick: GpmTick | None = None  # the latest GPM totals the worker returned
 
 
 @dataclass(frozen=True, slots=True)
@@ -392,9 +358,12 @@ class Sampler:
 
     def _integrals(self, state: _GpuState, now: float) -> GpuIntegrals:
         integrals = _integrals(state)
+        tick = state.gpm_tick
+        if tick is None:
+            return integrals
         max_age = max(2.0, 2.5 * self.interval)  # the last window, not one from long ago
-        if state.gpm_gpu is not None:
-            g = state.gpm_gpu.integrals(now, max_age)
+        if tick.gpu is not None:
+            g = _gpm_integrals(tick.gpu, now, max_age)
             integrals = replace(
                 integrals,
                 sm_active_seconds=g.sm_active_seconds,
@@ -402,8 +371,8 @@ class Sampler:
                 dram_active_seconds=g.dram_active_seconds,
                 gpm=g.gpm,
             )
-        if state.gpm_instances:
-            instances = {gi: t.integrals(now, max_age) for gi, t in state.gpm_instances.items()}
+        if tick.instances:
+            instances = {gi: _gpm_integrals(r, now, max_age) for gi, r in tick.instances.items()}
             integrals = replace(integrals, gpu_instances=MappingProxyType(instances))
         return integrals
 
@@ -485,7 +454,7 @@ class Sampler:
         if state.energy is not None and got.milliwatts is not None:
             state.energy.add(now, got.milliwatts / 1000.0)
         if got.gpm is not None:
-            _apply_gpm(state, got.gpm, now)
+            state.gpm_tick = got.gpm  # totals: a dropped late result is covered by this one
 
     def _apply_caps(self, device: Device, state: _GpuState, caps: _Caps) -> None:
         """Set up a GPU's integrators from what its first tick found it can report."""
@@ -620,17 +589,16 @@ def probe_gpu(nvml: Nvml, device: Device) -> bool:
     return True
 
 
-def _apply_gpm(state: _GpuState, tick: GpmTick, now: float) -> None:
-    """Fold one tick's GPM windows into the GPU's and its GPU instances' totals."""
-    if tick.gpu is not None:
-        if state.gpm_gpu is None:
-            state.gpm_gpu = GpmTotals()
-        state.gpm_gpu.add(tick.gpu, now)
-    if tick.instances:
-        if state.gpm_instances is None:
-            state.gpm_instances = {}
-        for gi, window in tick.instances.items():
-            state.gpm_instances.setdefault(gi, GpmTotals()).add(window, now)
+def _gpm_integrals(r: GpmScopeReading, now: float, max_age: float) -> GpuIntegrals:
+    """A GPM scope's counters, and its ratios while no older than `max_age` (a GPM call
+    failing tick after tick leaves the counters standing, but no stale gauge)."""
+    fresh = r.activity is not None and now - r.activity_at <= max_age
+    return GpuIntegrals(
+        sm_active_seconds=r.sm_active_seconds,
+        tensor_active_seconds=r.tensor_active_seconds,
+        dram_active_seconds=r.dram_active_seconds,
+        gpm=r.activity if fresh else None,
+    )
 
 
 def _integrals(state: _GpuState) -> GpuIntegrals:
