@@ -72,11 +72,13 @@ def _web_config(flag_name: str, text: str) -> WebConfig | None:
 class AgentOptions:
     """What every part shares: where to serve, what to collect, the host's roots."""
 
+    # 19400: dcgm-exporter's 9400 moved out of the exporters' block, which Prometheus's
+    # default-port list has filled (README, "Its own port"), so both can run on one node.
     listen: tuple[str, int] = flag(
-        ("", 9400),
+        ("", 19400),
         "address to serve /metrics, /healthz (alive) and /readyz (first collection done) on",
         parse=_listen,
-        shown=":9400",
+        shown=":19400",
     )
     collectors: tuple[str, ...] = flag(
         DEFAULT_COLLECTORS,

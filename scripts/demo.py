@@ -353,7 +353,7 @@ def agent_flags(node: SimNode | None) -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--profile", default="dgx-h100")
-    parser.add_argument("--port", type=int, default=int(os.environ.get("DEMO_PORT", "9400")))
+    parser.add_argument("--port", type=int, default=int(os.environ.get("DEMO_PORT", "19400")))
     parser.add_argument("--duration", type=float, default=0, help="seconds; 0 = until Ctrl-C")
     parser.add_argument("--every", type=float, default=5.0, help="seconds between tables")
     args = parser.parse_args()

@@ -24,7 +24,6 @@ import json
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -32,6 +31,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+import gpuscope
 from gpuscope.agent.config import Config, parse
 from gpuscope.agent.k8s.collector import KUBELET
 from gpuscope.agent.net.collector import NET
@@ -40,6 +40,7 @@ from tests.support import REPO
 from tests.support.manifests import KUSTOMIZATIONS, container, daemonset, find, render
 
 DOCKERFILE = REPO / "daemonset" / "Dockerfile"
+DCGM_EXPORTER_PORT = 9400
 DOCKERIGNORE = REPO / ".dockerignore"
 DEPLOY_DOC = REPO / "docs" / "deploy.md"
 CRDS = {("monitoring.coreos.com/v1", "PodMonitor"), ("monitoring.coreos.com/v1", "PrometheusRule")}
@@ -212,7 +213,9 @@ def test_scheduling_probes_and_resources() -> None:
     assert all(t.get("key") for t in pod["tolerations"]), "no blanket toleration"
     (port,) = c["ports"]
     assert port == {"name": "metrics", "containerPort": config.agent.listen[1], "protocol": "TCP"}
-    assert config.agent.listen[1] == 9400 and config.agent.listen[0] in ("", "0.0.0.0")
+    # The agent's own default port, which is not dcgm-exporter's: both run on one node.
+    assert config.agent.listen == parse([], env={}).agent.listen
+    assert config.agent.listen[1] != DCGM_EXPORTER_PORT
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     env = pod_env(c)
@@ -224,8 +227,7 @@ def test_scheduling_probes_and_resources() -> None:
     limit = int(res["limits"]["memory"].removesuffix("Mi")) * 2**20
     assert request >= 180e6, "requests must cover the 180 MB RSS budget"
     assert limit > request
-    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
-    assert c["image"] == f"ghcr.io/gpuscope/gpuscope:{version}"
+    assert c["image"] == f"ghcr.io/gpuscope/gpuscope:{gpuscope.__version__}"
 
 
 # --- RBAC and the admission policy --------------------------------------------------------
@@ -374,14 +376,14 @@ def relabel(labels: dict[str, str], configs: list[dict[str, Any]]) -> dict[str, 
 
 # A gpuscope pod as Kubernetes service discovery presents it.
 POD_META = {
-    "__address__": "10.4.7.21:9400",
+    "__address__": "10.4.7.21:19400",
     "__meta_kubernetes_namespace": "gpuscope",
     "__meta_kubernetes_pod_name": "gpuscope-x7k2p",
     "__meta_kubernetes_pod_node_name": "gpu-node-1",
     "__meta_kubernetes_pod_container_name": "gpuscope",
     "__meta_kubernetes_pod_container_port_name": "metrics",
     "__meta_kubernetes_pod_annotation_prometheus_io_scrape": "true",
-    "__meta_kubernetes_pod_annotation_prometheus_io_port": "9400",
+    "__meta_kubernetes_pod_annotation_prometheus_io_port": "19400",
     "__meta_kubernetes_pod_annotation_prometheus_io_path": "/metrics",
     "__meta_kubernetes_pod_label_app_kubernetes_io_name": "gpuscope",
 }
@@ -405,7 +407,7 @@ def test_podmonitor_adds_node_and_none_of_the_agents_own_labels() -> None:
         "container": "gpuscope",
         "endpoint": "metrics",
         "job": "gpuscope/gpuscope",
-        "instance": "10.4.7.21:9400",
+        "instance": "10.4.7.21:19400",
     }
     out = relabel(target, endpoint["relabelings"])
     assert out is not None and out["node"] == "gpu-node-1"
@@ -429,12 +431,12 @@ def test_plain_prometheus_scrape_config(tmp_path: Path) -> None:
     out = relabel(POD_META, job["relabel_configs"])
     assert out is not None
     assert out["node"] == "gpu-node-1" and out["__metrics_path__"] == "/metrics"
-    assert out["__address__"] == "10.4.7.21:9400"
+    assert out["__address__"] == "10.4.7.21:19400"
     assert not OWN_LABELS & out.keys(), out
     assert relabel(POD_META | {POD_META_SCRAPE: "false"}, job["relabel_configs"]) is None
     # Debian's promtool is built without Kubernetes discovery: check everything else in it.
     del job["kubernetes_sd_configs"]
-    job["static_configs"] = [{"targets": ["127.0.0.1:9400"]}]
+    job["static_configs"] = [{"targets": ["127.0.0.1:19400"]}]
     path = tmp_path / "prometheus.yml"
     path.write_text(yaml.safe_dump(config))
     proc = subprocess.run(
@@ -507,15 +509,18 @@ def test_dockerfile_stages() -> None:
     for stage in stages:
         assert stage[0].split()[1] == "debian:bookworm-slim"
     build, final = stages
-    assert "linux-headers-amd64" in apt_installs(build)
+    # The kernel headers of the architecture being built (amd64 or arm64): TARGETARCH.
+    assert "ARG TARGETARCH" in build
+    assert '"linux-headers-${arch}"' in apt_installs(build)
+    assert any('arch="${TARGETARCH:-$(dpkg --print-architecture)}"' in line for line in build)
     assert any("venv --system-site-packages" in line for line in build), "the venv must see bcc"
     runtime = apt_installs(final)
     assert "python3-bpfcc" in runtime
     build_tools = {"build-essential", "gcc", "g++", "make", "clang", "python3-dev", "python3-pip",
-                   "python3-venv", "linux-headers-amd64", "libbpfcc-dev"}  # fmt: skip
+                   "python3-venv", '"linux-headers-${arch}"', "libbpfcc-dev"}  # fmt: skip
     assert not runtime & build_tools, runtime & build_tools
     assert not any("pip install" in line for line in final)
-    assert "EXPOSE 9400" in final
+    assert f"EXPOSE {parse([], env={}).agent.listen[1]}" in final
     assert final[-1] == 'ENTRYPOINT ["gpuscope"]'
     assert [line for line in final if line.startswith("USER")] == ["USER 0"]
     assert any(
@@ -525,8 +530,7 @@ def test_dockerfile_stages() -> None:
     labels = " ".join(line for line in final if line.startswith("LABEL"))
     for key in ("title", "description", "version", "source", "licenses"):
         assert f"org.opencontainers.image.{key}=" in labels
-    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
-    assert f"ARG VERSION={version}" in final
+    assert f"ARG VERSION={gpuscope.__version__}" in final
 
 
 def dockerignored(path: str) -> bool:
