@@ -1,7 +1,12 @@
-"""`gpuscope`: parse flags, start the sources, serve until SIGTERM/SIGINT."""
+"""`gpuscope`: parse flags, start the sources, serve until SIGTERM/SIGINT.
+
+Without a command, `gpuscope [flags]` is the agent (serve). Commands are argparse subparsers
+with their own flags and help (`gpuscope labels --help`); `gpuscope --help` lists them.
+"""
 
 from __future__ import annotations
 
+import argparse
 import errno
 import logging
 import signal
@@ -9,9 +14,10 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from gpuscope.agent import logs
+from gpuscope.agent import labels_cli, logs
 from gpuscope.agent.app import Agent
 from gpuscope.agent.config import Config, ConfigError, parse
+from gpuscope.agent.config import build_parser as agent_parser
 from gpuscope.agent.gpu.collector import GPU
 from gpuscope.agent.gpu.source import GpuSource
 from gpuscope.agent.labels_loop import LabelsLoop, make_publisher
@@ -23,12 +29,30 @@ EXIT_USAGE = 2
 EXIT_RUNTIME = 1
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """The agent's flags (declared in agent/config.py) and the commands."""
+    parser = agent_parser()
+    commands = parser.add_subparsers(
+        dest="command",
+        metavar="COMMAND",
+        help="without one, gpuscope runs the agent with the options below",
+    )
+    labels_cli.add_arguments(
+        commands.add_parser("labels", help=labels_cli.SUMMARY, description=labels_cli.DESCRIPTION)
+    )
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["labels"]:
-        from gpuscope.agent.labels_cli import labels_main
-
-        return labels_main(args[1:])
+        return labels_cli.labels_main(args[1:])
+    # --help, --version and unknown flags end here (argparse: exit 0 or 2).
+    command = build_parser().parse_args(args).command
+    if command is not None:
+        # Flags before a command are the agent's; the command would silently ignore them.
+        print(f"gpuscope: the command comes first: gpuscope {command} [FLAGS]", file=sys.stderr)
+        return EXIT_USAGE
     try:
         config = parse(args)
     except ConfigError as exc:

@@ -3,24 +3,40 @@
 Users run it on a node to see what a scheduler will see. It starts the GPU source once,
 reads every GPU, and prints a table (default) or JSON (`--output json`).
 `gpuscope labels --remove --node-name N` takes the agent's keys off Node N (uninstall).
+
+Its flags are its own argparse parser (a subparser of `gpuscope`'s, so `gpuscope --help`
+lists the command and `gpuscope labels --help` shows these), but the agent flags it takes
+are the agent's declared ones: same help, same GPUSCOPE_* variables, same checks
+(agent/config.py parses them), so `gpuscope labels` inside the agent's pod sees the node, the
+host's /sys and the label prefix the agent does.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from collections.abc import Sequence
 
 from gpuscope.agent import logs
-from gpuscope.agent.config import ConfigError, parse
+from gpuscope.agent.config import ConfigError, all_flags, parse
 from gpuscope.agent.gpu.collector import GPU
 from gpuscope.agent.gpu.records import GpuSnapshot
 from gpuscope.agent.gpu.source import GpuConfig, GpuSource
-from gpuscope.agent.labels_options import label_prefix
+from gpuscope.agent.options import Flag
 from gpuscope.agent.placement import network_placement
 from gpuscope.agent.sources import SourceUnavailable
 from gpuscope.exporters.labels.gpu import gpu_labels, topology_annotation
 from gpuscope.exporters.labels.validation import validate
+
+SUMMARY = "print the node labels gpuscope computes from this node's GPUs (no API server)"
+DESCRIPTION = (
+    "Print the node labels and annotations the agent would publish for this node's GPUs, "
+    "read once through NVML, without contacting an API server. With --remove, take every "
+    "key the agent owns off the Node instead (uninstall)."
+)
+# The agent flags that mean something here, declared (help, variable, check) by the agent.
+AGENT_FLAGS = ("--node-name", "--sysfs", "--label-prefix", "--log-format")
 
 
 def remove_from_node(node: str, prefix: str) -> int:
@@ -40,32 +56,51 @@ def remove_from_node(node: str, prefix: str) -> int:
     return 0
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The command's flags, on its own parser or on `gpuscope`'s subparser."""
+    parser.add_argument(
+        "--output",
+        choices=("table", "json"),
+        default="table",
+        help="table (key and value per line) or json ({labels, annotations}) (default: table)",
+    )
+    parser.add_argument(
+        "--remove",
+        action="store_true",
+        help="take every label and annotation the agent owns off the Node --node-name names "
+        "(uninstall), instead of printing",
+    )
+    for f in _agent_flags():
+        parser.add_argument(
+            f.name, dest=f.attr, help=f"{f.meta.help} (default: {f.default_text}) [{f.env}]"
+        )
+
+
+def _agent_flags() -> list[Flag]:
+    declared = {f.name: f for _title, flags in all_flags() for f in flags}
+    return [declared[name] for name in AGENT_FLAGS]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpuscope labels", description=DESCRIPTION)
+    add_arguments(parser)
+    return parser
+
+
 def labels_main(argv: Sequence[str]) -> int:
-    args = list(argv)
-    output, prefix = "table", "gpuscope.io/"
-    remove = "--remove" in args
-    if remove:
-        args.remove("--remove")
-    for flag in ("--output", "--label-prefix"):
-        while flag in args:
-            i = args.index(flag)
-            if i + 1 >= len(args):
-                print(f"gpuscope labels: {flag} needs a value", file=sys.stderr)
-                return 2
-            if flag == "--output":
-                output = args[i + 1]
-            else:
-                prefix = args[i + 1]
-            del args[i : i + 2]
-    if output not in ("table", "json"):
-        print(f"gpuscope labels: --output: expected table or json, got {output!r}", file=sys.stderr)
-        return 2
+    """`gpuscope labels ARGV`: usage errors exit 2 (argparse), no GPU still prints labels."""
+    args = build_parser().parse_args(list(argv))
+    agent_args = ["--collectors", GPU.name]
+    for f in _agent_flags():
+        value = getattr(args, f.attr)
+        if value is not None:
+            agent_args.append(f"{f.name}={value}")  # '=': a value may start with '-'
     try:
-        prefix = label_prefix("--label-prefix", prefix)
-        config = parse(["--collectors", GPU.name, *args])
+        config = parse(agent_args)
     except ConfigError as exc:
         print(f"gpuscope labels: {exc}", file=sys.stderr)
         return 2
+    output, prefix, remove = args.output, config.labels.label_prefix, args.remove
     logs.setup(config.agent.log_format, "warning")
     if remove:
         return remove_from_node(config.agent.node_name, prefix)

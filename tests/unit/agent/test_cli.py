@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import os
 import socket
 import subprocess
 from pathlib import Path
 
 import pytest
 
+import gpuscope
 from gpuscope.agent.config import ConfigError, parse
 from gpuscope.agent.gpu.collector import GPU
 from tests.support import GPUSCOPE, REPO
@@ -21,7 +24,7 @@ def run(*args: str, timeout: float = 20) -> subprocess.CompletedProcess[str]:
 
 def test_defaults() -> None:
     c = parse([], env={"NODE_NAME": "gpu-node-7"})
-    assert c.agent.listen == ("", 9400)
+    assert c.agent.listen == ("", 19400)  # not 9400: dcgm-exporter's (README, "Its own port")
     assert c.of(GPU).sample_interval == 1.0
     assert c.collectors == ("gpu", "net", "nic", "rdma", "kubelet", "pods")
     assert c.agent.node_name == "gpu-node-7"
@@ -134,3 +137,77 @@ def test_unknown_flag_is_a_usage_error() -> None:
     result = run("--gpu-only")
     assert result.returncode == 2
     assert "unrecognized arguments: --gpu-only" in result.stderr
+
+
+# --- commands ----------------------------------------------------------------------------
+
+
+def no_driver(tmp_path: Path) -> dict[str, str]:
+    """An environment without NVML (nor the fake's), and an empty /sys: labels from nothing."""
+    env = os.environ | {"LD_LIBRARY_PATH": "/nonexistent", "GPUSCOPE_SYSFS": str(tmp_path)}
+    env.pop("FAKENVML_STATE", None)
+    return env
+
+
+def run_in(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*GPUSCOPE, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=20,
+        check=False,
+    )  # fmt: skip
+
+
+def test_help_lists_the_labels_command() -> None:
+    result = run("--help")
+    assert result.returncode == 0
+    (line,) = [ln for ln in result.stdout.splitlines() if ln.split()[:1] == ["labels"]]
+    assert "node labels" in line
+    assert "--collectors" in result.stdout  # and still the agent's own flags
+
+
+def test_labels_help_is_the_commands_own() -> None:
+    result = run("labels", "--help")
+    assert result.returncode == 0
+    assert result.stdout.startswith("usage: gpuscope labels ")
+    for flag in ("--output {table,json}", "--remove", "--node-name", "--sysfs", "--label-prefix"):
+        assert flag in result.stdout
+    assert "--collectors" not in result.stdout and "--listen" not in result.stdout
+
+
+@pytest.mark.parametrize("form", [["--output=json"], ["--output", "json"]])
+def test_labels_output_takes_both_forms(form: list[str], tmp_path: Path) -> None:
+    result = run_in(no_driver(tmp_path), "labels", *form)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {
+        "labels": {"gpuscope.io/gpu.present": "false"},
+        "annotations": {},
+    }
+
+
+def test_labels_reads_the_agents_variables(tmp_path: Path) -> None:
+    """Inside the agent's pod, `gpuscope labels` sees the agent's GPUSCOPE_* settings."""
+    env = no_driver(tmp_path) | {"GPUSCOPE_LABEL_PREFIX": "example.com"}
+    result = run_in(env, "labels", "--output=json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["labels"] == {"example.com/gpu.present": "false"}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["labels", "--output=xml"], "argument --output: invalid choice: 'xml'"),
+        (["labels", "--listen", ":1"], "unrecognized arguments: --listen :1"),
+        (["labels", "--label-prefix", "Bad!"], "gpuscope labels: --label-prefix: "),
+        (["--log-level", "debug", "labels"], "gpuscope: the command comes first"),
+        (["lables"], "invalid choice: 'lables'"),
+    ],
+)
+def test_command_usage_errors_exit_2(args: list[str], message: str, tmp_path: Path) -> None:
+    result = run_in(no_driver(tmp_path), *args)
+    assert result.returncode == 2
+    assert message in result.stderr
+
+
+def test_version_is_the_packages() -> None:
+    result = run("--version")
+    assert result.returncode == 0
+    assert result.stdout == f"gpuscope {gpuscope.__version__}\n"
