@@ -71,6 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             agent.collector.render_text,
             lambda: agent.ready,
             health=agent.health_detail,
+            web=config.agent.web_config_file,
         )
     except OSError as exc:
         where = f"[{host}]:{port}" if ":" in host else f"{host or '*'}:{port}"
@@ -97,11 +98,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     server.start()
     bound, bound_port = server.address
     log.info(
-        "serving on http://%s:%d/metrics (node %s)",
+        "serving on %s://%s:%d/metrics (node %s)",
+        server.scheme,
         f"[{bound}]" if ":" in bound else bound,
         bound_port,
         config.agent.node_name,
     )
+    if config.agent.web_config_file is not None:
+        web = config.agent.web_config_file
+        log.info("web config %s: %s", web, web.summary())
     labels = None
     try:
         agent.start()

@@ -9,11 +9,21 @@ connections cost a few kilobytes each instead of a thread each (the threaded ser
 replaced held 1,012 threads for 1,000 idle connections). Every wait has a deadline and
 every buffer a cap; the limits are constructor keywords, documented in
 docs/architecture.md ("The HTTP server").
+
+With a web configuration (`--web-config-file`, agent/web_config.py) the same loop serves
+TLS and checks basic auth. The TLS handshake runs inside the connection's header deadline:
+a connection is admitted and its deadline started when TCP accepts it, and the handshake is
+then started on it, so a client that never finishes its handshake is cut exactly like one
+that never finishes its request, and counts against `max_connections` meanwhile. Basic
+auth is checked before routing, on every path but /healthz and /readyz (the kubelet's
+probes carry no credentials; they show no workload data): a remembered success is answered
+on the loop, a new one is checked with bcrypt on a thread of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import asyncio.sslproto
 import contextlib
 import enum
 import errno
@@ -22,6 +32,7 @@ import ipaddress
 import logging
 import queue
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -40,6 +51,12 @@ from gpuscope.agent.http_wire import (
     response_head,
 )
 from gpuscope.agent.options import ConfigError
+from gpuscope.agent.web_config import (
+    BasicAuth,
+    RateLimit,
+    WebConfig,
+    parse_basic_authorization,
+)
 
 __all__ = ["MetricsServer", "ServerStats", "parse_listen_address"]
 
@@ -48,6 +65,11 @@ log = logging.getLogger("gpuscope.server")
 _HOSTNAME_LABEL = "abcdefghijklmnopqrstuvwxyz0123456789-"
 _TEXT = "text/plain; charset=utf-8"
 _INDEX = b"<html><body><h1>gpuscope</h1><a href='/metrics'>/metrics</a></body></html>\n"
+# Served without credentials (and without the rate limit): the kubelet's probes send none.
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+# New credentials waiting for bcrypt beyond which a request is told to come back (503):
+# a flood of wrong passwords must not hold connections for minutes.
+_MAX_PENDING_CHECKS = 32
 
 
 def parse_listen_address(flag_name: str, text: str) -> tuple[str, int]:
@@ -164,6 +186,9 @@ class ServerStats:
     requests: int
     coalesced: int  # /metrics requests answered by a render already in flight
     errors: int  # requests answered 4xx/5xx by the server's own rules (not 404)
+    tls_errors: int  # TLS handshakes that failed (no or bad client certificate, not TLS...)
+    unauthorized: int  # requests answered 401 (no, malformed or wrong credentials)
+    rate_limited: int  # requests answered 429 (the web configuration's rate_limit)
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,7 +222,8 @@ class MetricsServer:
     `backlog` (512) pending connections, a burst of scrapers at once.
 
     `health`, when given, adds its text to the /healthz body; it is called on the event
-    loop and must not block.
+    loop and must not block. `web`, when given, turns on what it configures: TLS (and
+    client certificates), basic auth, extra response headers and the rate limit.
     """
 
     def __init__(
@@ -208,6 +234,7 @@ class MetricsServer:
         ready: Callable[[], bool],
         *,
         health: Callable[[], str] | None = None,
+        web: WebConfig | None = None,
         max_connections: int = 1024,
         header_timeout: float = 10.0,
         idle_timeout: float = 90.0,
@@ -232,6 +259,13 @@ class MetricsServer:
         bound = self._sock.getsockname()
         self._address = (str(bound[0]), int(bound[1]))
         self._workers = _Workers(workers)
+        self.web = web
+        self.tls: ssl.SSLContext | None = web.tls if web is not None else None
+        self.extra_headers = list(web.headers) if web is not None else []
+        self._auth = BasicAuth(web.users) if web is not None and web.users else None
+        self._auth_worker = _Workers(1)  # bcrypt, one check at a time
+        self._pending_checks = 0
+        self._bucket = _Bucket(web.rate_limit) if web is not None and web.rate_limit else None
         self._connections: set[_Connection] = set()
         self._counts = dict.fromkeys(ServerStats.__slots__, 0)
         self._full = False
@@ -258,8 +292,14 @@ class MetricsServer:
         counts = dict(self._counts, open_connections=len(self._connections))
         return ServerStats(**counts)
 
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls is not None else "http"
+
     def start(self) -> None:
         self._workers.start()
+        if self._auth is not None:
+            self._auth_worker.start()
         self._thread = threading.Thread(target=self._run, name="http", daemon=True)
         self._thread.start()
         if not self._serving.wait(10):
@@ -275,6 +315,7 @@ class MetricsServer:
             self._thread.join(10)
         self._sock.close()
         self._workers.stop()
+        self._auth_worker.stop()
 
     # The event loop thread.
 
@@ -343,6 +384,51 @@ class MetricsServer:
         if self._full and len(self._connections) < self.max_connections * 0.9:
             self._full = False
             log.info("http: %d connections open, below the limit again", len(self._connections))
+
+    # Access: rate limit and basic auth, before routing.
+
+    def check_access(self, request: Request) -> _Answer | tuple[str, bytes] | None:
+        """None: serve the request. An answer: refuse with it (401, 429, 503). A (user,
+        password) pair: credentials not seen lately, to check with bcrypt (`verify_for`)."""
+        if request.path in OPEN_PATHS:
+            return None
+        if self._bucket is not None and not self._bucket.take(time.monotonic()):
+            self.count("rate_limited")
+            return _Answer(429, b"too many requests\n", [])
+        if self._auth is None:
+            return None
+        credentials = parse_basic_authorization(request.headers.get("authorization", ""))
+        if credentials is None:
+            return self.unauthorized()
+        if self._auth.cached(*credentials):
+            return None
+        if self._pending_checks >= _MAX_PENDING_CHECKS:
+            return _Answer(503, b"too many credential checks in flight\n", [("Retry-After", "1")])
+        return credentials
+
+    def unauthorized(self) -> _Answer:
+        self.count("unauthorized")
+        return _Answer(401, b"Unauthorized\n", [("WWW-Authenticate", "Basic")])
+
+    def verify_for(self, connection: _Connection, request: Request, user: str, pw: bytes) -> None:
+        """Check credentials with bcrypt on the auth thread, then hand the verdict to
+        `connection` on the loop."""
+        loop, auth = self._loop, self._auth
+        assert loop is not None and auth is not None
+        self._pending_checks += 1
+
+        def job() -> None:
+            ok = auth.verify(user, pw)
+            try:
+                loop.call_soon_threadsafe(self._verified, connection, request, ok)
+            except RuntimeError:
+                log.debug("http: a credential check finished after the server stopped")
+
+        self._auth_worker.submit(job)
+
+    def _verified(self, connection: _Connection, request: Request, ok: bool) -> None:
+        self._pending_checks -= 1
+        connection.verified(request, ok)
 
     # Answers.
 
@@ -468,9 +554,15 @@ class _Connection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._write_paused = False
         self._close_after = False
+        self._tls_started = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """Called once for TCP, and once more with the TLS transport when the handshake
+        completes (the header deadline started at the first call keeps running)."""
         assert isinstance(transport, asyncio.Transport)
+        if self._tls_started:
+            self._tls_ready(transport)
+            return
         self.transport = transport
         peer = transport.get_extra_info("peername")
         self.peer = str(peer[0]) if isinstance(peer, tuple) else "?"
@@ -484,6 +576,52 @@ class _Connection(asyncio.Protocol):
             transport.abort()
             return
         self._enter(_State.HEAD, self.server.header_timeout, self._header_timeout)
+        if self.server.tls is not None:
+            self._start_tls(transport, self.server.tls)
+
+    def _start_tls(self, transport: asyncio.Transport, context: ssl.SSLContext) -> None:
+        """Put asyncio's TLS layer between the socket and this protocol, as
+        `loop.create_server(ssl=...)` does, but after admission: here, in the first
+        connection_made, nothing has been read yet, so the layer sees the whole handshake.
+        (`loop.start_tls` would run a turn later, when bytes may already have arrived.)
+        Its own handshake timeout is only a backstop behind the header deadline."""
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        layer = asyncio.sslproto.SSLProtocol(
+            loop,
+            self,
+            context,
+            waiter,
+            server_side=True,
+            call_connection_made=True,
+            ssl_handshake_timeout=int(self.server.header_timeout) + 5,
+        )
+        self._tls_started = True
+        transport.set_protocol(layer)
+        layer.connection_made(transport)
+        waiter.add_done_callback(self._handshake_done)
+
+    def _handshake_done(self, waiter: asyncio.Future[None]) -> None:
+        """A failed handshake never reaches connection_lost (the TLS layer tells only a
+        protocol it connected): forget the connection here."""
+        if waiter.cancelled() or waiter.exception() is None or self.state is _State.CLOSED:
+            return
+        log.debug("http: TLS handshake with %s failed: %s", self.peer, waiter.exception())
+        self.server.count("tls_errors")
+        self.state = _State.CLOSED
+        self._cancel_timer()
+        self.server.forget(self)
+
+    def _tls_ready(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        if self.state is _State.CLOSED:
+            transport.abort()
+            return
+        web = self.server.web
+        if web is not None and not web.san_allowed(transport.get_extra_info("peercert")):
+            log.debug("http: client certificate of %s has none of client_allowed_sans", self.peer)
+            self.server.count("tls_errors")
+            self.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.state is _State.BUSY and exc is not None:
@@ -556,11 +694,35 @@ class _Connection(asyncio.Protocol):
             if request is None:
                 return
             self.server.count("requests")
-            answer = self.server.route(request)
-            if answer is not None:
-                self._answer(request, answer)
+            access = self.server.check_access(request)
+            if isinstance(access, _Answer):
+                self._answer(request, access)
+            elif access is not None:
+                self._verify(request, *access)
             else:
-                self._render(request)
+                self._dispatch(request)
+
+    def _dispatch(self, request: Request) -> None:
+        answer = self.server.route(request)
+        if answer is not None:
+            self._answer(request, answer)
+        else:
+            self._render(request)
+
+    def _verify(self, request: Request, user: str, password: bytes) -> None:
+        self._enter(_State.BUSY, None, None)
+        assert self.transport is not None
+        self.transport.pause_reading()
+        self.server.verify_for(self, request, user, password)
+
+    def verified(self, request: Request, ok: bool) -> None:
+        if self.state is _State.CLOSED:
+            return
+        if ok:
+            self._dispatch(request)
+        else:
+            self._answer(request, self.server.unauthorized())
+        self._process()
 
     def _take_request(self) -> Request | None:
         server = self.server
@@ -640,6 +802,7 @@ class _Connection(asyncio.Protocol):
         if transport is None or transport.is_closing():
             return
         keep = not self._close_after
+        headers = [*headers, *self.server.extra_headers]
         transport.write(response_head(status, len(body), headers, keep_alive=keep, version=version))
         if not head_only and body:
             transport.write(body)
@@ -693,6 +856,26 @@ class _Connection(asyncio.Protocol):
         log.debug("http: %s did not take its answer in time, closing", self.peer)
         self.server.count("write_timeouts")
         self.abort()
+
+
+class _Bucket:
+    """`rate_limit` as golang.org/x/time/rate does it: `burst` tokens to start, one more
+    every `interval` seconds up to `burst`; a request takes one or is refused. Loop only."""
+
+    def __init__(self, limit: RateLimit) -> None:
+        self._interval = limit.interval
+        self._burst = float(limit.burst)
+        self._tokens = float(limit.burst)
+        self._last: float | None = None
+
+    def take(self, now: float) -> bool:
+        if self._last is not None:
+            self._tokens = min(self._burst, self._tokens + (now - self._last) / self._interval)
+        self._last = now
+        if self._tokens < 1.0:
+            return False
+        self._tokens -= 1.0
+        return True
 
 
 class _Workers:

@@ -1,0 +1,238 @@
+"""A real Prometheus scrapes the real agent over HTTPS: one agent with basic auth, one that
+requires a client certificate (RequireAndVerifyClientCert), each from one
+`--web-config-file` in exporter-toolkit's format. `up` is 1 for the scrape configurations
+that carry the right credentials and 0 for those that do not, so the 1s are earned. And a
+bad file stops the real binary at start with one line and exit 2."""
+
+from __future__ import annotations
+
+import os
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.doubles.fakenvml.control import FakeNvml
+from tests.e2e.test_prometheus_e2e import SCRAPE_INTERVAL_S, Prometheus
+from tests.support.common import GPUSCOPE, REPO, free_port
+from tests.support.tls import Pki, bcrypt_hash, make_pki, write_web_config
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+USER, PASSWORD = "prometheus", "scrape-me"
+
+
+@dataclass
+class TlsAgent:
+    proc: subprocess.Popen[str]
+    port: int
+    log: Path
+
+    def logs(self) -> str:
+        return self.log.read_text()
+
+
+def spawn_tls_agent(
+    tmp: Path, name: str, web: dict[str, Any], pki: Pki, fake: FakeNvml
+) -> TlsAgent:
+    """The real gpuscope on the fake NVML with `web` as its web configuration, returned once
+    /readyz answers over HTTPS (a probe needs no basic auth, but does need a certificate
+    where one is required)."""
+    config = write_web_config(tmp / f"{name}-web.yml", web)
+    port = free_port()
+    log = tmp / f"{name}.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUSCOPE_")}
+    env.update(fake.env(), PYTHONUNBUFFERED="1")
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [
+                *GPUSCOPE,
+                "--listen", f"127.0.0.1:{port}",
+                "--collectors", "gpu",
+                "--labels-mode", "none",
+                "--web-config-file", str(config),
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )  # fmt: skip
+    agent = TlsAgent(proc, port, log)
+    context = ssl.create_default_context(cafile=str(pki.ca))
+    context.load_cert_chain(str(pki.client), str(pki.client_key))
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"gpuscope exited {proc.returncode}:\n{agent.logs()}")
+        try:
+            url = f"https://127.0.0.1:{port}/readyz"
+            with urllib.request.urlopen(url, timeout=5, context=context) as resp:
+                if resp.status == 200:
+                    return agent
+        except (OSError, urllib.error.URLError):
+            pass
+        time.sleep(0.1)
+    proc.kill()
+    pytest.fail(f"gpuscope not ready over HTTPS after 20 s:\n{agent.logs()}")
+
+
+@pytest.fixture
+def agents(tmp_path: Path, fake_lib: Path) -> Iterator[tuple[Pki, TlsAgent, TlsAgent]]:
+    pki = make_pki(tmp_path / "pki")
+    fake = FakeNvml("dgx-h100", tmp_path / "fake.state")
+    tls = {"cert_file": str(pki.server), "key_file": str(pki.server_key)}
+    started: list[TlsAgent] = []
+    try:
+        basic = spawn_tls_agent(
+            tmp_path,
+            "basic",
+            {"tls_server_config": tls, "basic_auth_users": {USER: bcrypt_hash(PASSWORD, 10)}},
+            pki,
+            fake,
+        )
+        started.append(basic)
+        mtls = {
+            **tls,
+            "client_auth_type": "RequireAndVerifyClientCert",
+            "client_ca_file": str(pki.ca),
+        }
+        cert = spawn_tls_agent(tmp_path, "cert", {"tls_server_config": mtls}, pki, fake)
+        started.append(cert)
+        yield pki, basic, cert
+    finally:
+        for agent in started:
+            agent.proc.terminate()
+            agent.proc.wait(10)
+
+
+def test_prometheus_scrapes_over_https_with_basic_auth_and_with_a_client_certificate(
+    tmp_path: Path, agents: tuple[Pki, TlsAgent, TlsAgent]
+) -> None:
+    pki, basic, cert = agents
+    ca = {"ca_file": str(pki.ca)}
+    client = {**ca, "cert_file": str(pki.client), "key_file": str(pki.client_key)}
+
+    def job(name: str, port: int, tls: dict[str, str], **extra: Any) -> dict[str, Any]:
+        return {
+            "job_name": name,
+            "scheme": "https",
+            "tls_config": tls,
+            "static_configs": [{"targets": [f"127.0.0.1:{port}"]}],
+            **extra,
+        }
+
+    jobs = [
+        job("basic-auth", basic.port, ca, basic_auth={"username": USER, "password": PASSWORD}),
+        job("basic-auth-wrong", basic.port, ca, basic_auth={"username": USER, "password": "no"}),
+        job("basic-auth-none", basic.port, ca),
+        job("client-cert", cert.port, client),
+        job("client-cert-none", cert.port, ca),
+    ]
+    prom = start_prometheus_with(tmp_path / "prom", jobs)
+    try:
+        expected = {
+            "basic-auth": 1.0,
+            "basic-auth-wrong": 0.0,
+            "basic-auth-none": 0.0,
+            "client-cert": 1.0,
+            "client-cert-none": 0.0,
+        }
+        deadline = time.monotonic() + 20
+        up: dict[str, float] = {}
+        while time.monotonic() < deadline:
+            up = {r["metric"]["job"]: float(r["value"][1]) for r in prom.query("up")}
+            if up == expected:
+                break
+            time.sleep(0.5)
+        assert up == expected, prom.logs()
+        for name in ("basic-auth", "client-cert"):
+            gpus = prom.query(f'count(gpuscope_gpu_up{{job="{name}"}} == 1)')
+            assert [float(r["value"][1]) for r in gpus] == [8.0], name
+        assert basic.proc.poll() is None and cert.proc.poll() is None
+        assert "serving on https://127.0.0.1" in basic.logs()
+        assert "TLS (NoClientCert), basic auth (1 user)" in basic.logs()
+        assert "TLS (RequireAndVerifyClientCert), no basic auth" in cert.logs()
+    finally:
+        prom.proc.terminate()
+        prom.proc.wait(10)
+
+
+def start_prometheus_with(folder: Path, jobs: list[dict[str, Any]]) -> Prometheus:
+    """Debian's prometheus on loopback with these scrape jobs, once ready (start_prometheus
+    in test_prometheus_e2e.py writes its own job; these need scheme, TLS and credentials)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    interval = f"{SCRAPE_INTERVAL_S}s"
+    config = {
+        "global": {"scrape_interval": interval, "scrape_timeout": interval},
+        "scrape_configs": jobs,
+    }
+    (folder / "prometheus.yml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    log = folder / "prometheus.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [
+                "prometheus",
+                f"--config.file={folder / 'prometheus.yml'}",
+                f"--storage.tsdb.path={folder / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--log.level=warn",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    prom = Prometheus(f"http://127.0.0.1:{port}", proc, log)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"prometheus exited {proc.returncode}:\n{prom.logs()}")
+        try:
+            with urllib.request.urlopen(prom.url + "/-/ready", timeout=1) as resp:
+                if resp.status == 200:
+                    return prom
+        except OSError:
+            pass
+        time.sleep(0.1)
+    proc.kill()
+    pytest.fail(f"prometheus not ready after 20 s:\n{prom.logs()}")
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "cannot read"),
+        ("basic_auth_users:\n  prometheus: not-a-hash\n", "not a bcrypt hash"),
+        ("tls_server_config:\n  cert_file: /nonexistent.pem\n  key_file: /k.pem\n", "cannot read"),
+        ("tls_srever_config: {}\n", "unknown key 'tls_srever_config'"),
+    ],
+)
+def test_a_bad_web_config_file_stops_the_agent_with_one_line_and_exit_2(
+    tmp_path: Path, content: str | None, message: str
+) -> None:
+    path = tmp_path / "web.yml"
+    if content is not None:
+        path.write_text(content)
+    done = subprocess.run(
+        [*GPUSCOPE, "--web-config-file", str(path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("gpuscope: --web-config-file: ")
+    assert str(path) in lines[0]
+    assert message in lines[0]

@@ -1,0 +1,356 @@
+"""The HTTP server with a web configuration (agent/server.py, agent/web_config.py) over real
+loopback sockets: HTTPS with basic auth, client certificates, the real curl, the header
+deadline over an unfinished TLS handshake, and what bcrypt costs a scraper. Certificates
+are made in tmp_path (tests/support/tls.py)."""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import shutil
+import socket
+import ssl
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+import gpuscope.agent.web_config as web_config
+from gpuscope.agent.server import MetricsServer
+from gpuscope.agent.web_config import load_web_config
+from tests.support import wait_for
+from tests.support.tls import CLIENT_SAN, Pki, bcrypt_hash, make_pki, write_web_config
+
+BODY = b"# HELP demo_total A demo.\n# TYPE demo_total counter\ndemo_total 1\n"
+USER, PASSWORD = "prometheus", "correct horse"
+CURL = shutil.which("curl")
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[Callable[..., MetricsServer]]:
+    """`serve(web_config_dict, **limits)`: a started server on 127.0.0.1, stopped after."""
+    servers: list[MetricsServer] = []
+
+    def start(config: dict[str, Any], **limits: Any) -> MetricsServer:
+        web = load_web_config(write_web_config(tmp_path / f"web{len(servers)}.yml", config))
+        server = MetricsServer(
+            ("127.0.0.1", 0), CollectorRegistry(), lambda: BODY, lambda: True, web=web, **limits
+        )
+        server.start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+def tls_config(pki: Pki, **extra: Any) -> dict[str, Any]:
+    section = {"cert_file": str(pki.server), "key_file": str(pki.server_key), **extra}
+    return {"tls_server_config": section}
+
+
+def with_users(config: dict[str, Any], cost: int = 4) -> dict[str, Any]:
+    return {**config, "basic_auth_users": {USER: bcrypt_hash(PASSWORD, cost)}}
+
+
+def client_context(pki: Pki, cert: str | None = None) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=str(pki.ca))
+    if cert is not None:
+        context.load_cert_chain(
+            str(pki.folder / f"{cert}.pem"), str(pki.folder / f"{cert}-key.pem")
+        )
+    return context
+
+
+def get(
+    server: MetricsServer,
+    context: ssl.SSLContext | None,
+    path: str = "/metrics",
+    auth: tuple[str, str] | None = None,
+) -> http.client.HTTPResponse:
+    headers = {}
+    if auth is not None:
+        headers["Authorization"] = "Basic " + base64.b64encode(":".join(auth).encode()).decode()
+    if context is None:
+        conn: http.client.HTTPConnection = http.client.HTTPConnection(
+            "127.0.0.1", server.port, timeout=10
+        )
+    else:
+        conn = http.client.HTTPSConnection("127.0.0.1", server.port, timeout=10, context=context)
+    conn.request("GET", path, headers=headers)
+    response = conn.getresponse()
+    response.read()
+    conn.close()
+    return response
+
+
+def curl(server: MetricsServer, pki: Pki, *args: str) -> subprocess.CompletedProcess[str]:
+    assert CURL is not None
+    return subprocess.run(
+        [
+            CURL,
+            "--silent",
+            "--show-error",
+            "--max-time",
+            "10",
+            "--cacert",
+            str(pki.ca),
+            "--write-out",
+            "\n%{http_code}",
+            *args,
+            f"https://127.0.0.1:{server.port}/metrics",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+# --- HTTPS and basic auth --------------------------------------------------------------------
+
+
+def test_https_with_basic_auth_serves_the_right_credentials_only(
+    serve: Callable[..., MetricsServer], pki: Pki
+) -> None:
+    server = serve(with_users(tls_config(pki)))
+    context = client_context(pki)
+    assert server.scheme == "https"
+    good = get(server, context, auth=(USER, PASSWORD))
+    assert good.status == 200
+    for auth in (None, (USER, "wrong"), ("stranger", PASSWORD)):
+        refused = get(server, context, auth=auth)
+        assert refused.status == 401, auth
+        assert refused.getheader("WWW-Authenticate") == "Basic"
+    assert server.stats().unauthorized == 3
+
+
+def test_the_probes_answer_without_credentials(
+    serve: Callable[..., MetricsServer], pki: Pki
+) -> None:
+    server = serve(with_users(tls_config(pki)))
+    context = client_context(pki)
+    assert get(server, context, "/healthz").status == 200
+    assert get(server, context, "/readyz").status == 200
+    assert get(server, context, "/").status == 401  # everything else is protected
+
+
+def test_basic_auth_over_plain_http(serve: Callable[..., MetricsServer]) -> None:
+    server = serve(with_users({}))
+    assert server.scheme == "http"
+    assert get(server, None).status == 401
+    assert get(server, None, auth=(USER, PASSWORD)).status == 200
+
+
+def test_configured_headers_are_on_every_answer(
+    serve: Callable[..., MetricsServer], pki: Pki
+) -> None:
+    headers = {"X-Content-Type-Options": "nosniff", "Strict-Transport-Security": "max-age=60"}
+    config = with_users({**tls_config(pki), "http_server_config": {"headers": headers}})
+    server = serve(config)
+    context = client_context(pki)
+    for response in (
+        get(server, context, auth=(USER, PASSWORD)),
+        get(server, context),  # the 401 too
+        get(server, context, "/healthz"),
+    ):
+        assert response.getheader("X-Content-Type-Options") == "nosniff"
+        assert response.getheader("Strict-Transport-Security") == "max-age=60"
+
+
+def test_a_scraper_pays_bcrypt_once_not_on_every_scrape(
+    serve: Callable[..., MetricsServer], pki: Pki, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[bytes] = []
+    real = web_config._checkpw
+
+    def counting(password: bytes, hashed: bytes) -> bool:
+        calls.append(password)
+        return real(password, hashed)
+
+    monkeypatch.setattr(web_config, "_checkpw", counting)
+    server = serve(with_users(tls_config(pki), cost=10))  # htpasswd's usual cost: ~100 ms
+    context = client_context(pki)
+    for _ in range(20):
+        assert get(server, context, auth=(USER, PASSWORD)).status == 200
+    assert calls == [PASSWORD.encode()]
+    # A wrong password is never remembered: each try pays bcrypt again.
+    for _ in range(2):
+        assert get(server, context, auth=(USER, "guess")).status == 401
+    assert len(calls) == 3
+
+
+def test_keep_alive_and_pipelined_requests_through_tls_and_auth(
+    serve: Callable[..., MetricsServer], pki: Pki
+) -> None:
+    server = serve(with_users(tls_config(pki)))
+    token = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+    request = f"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Basic {token}\r\n\r\n".encode()
+    raw = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    with client_context(pki).wrap_socket(raw, server_hostname="localhost") as tls:
+        tls.sendall(request * 3)
+        answer = b""
+        while answer.count(b"demo_total 1") < 3:
+            chunk = tls.recv(65536)
+            assert chunk, f"closed after {answer.count(b'HTTP/1.1 200')} answers"
+            answer += chunk
+    assert answer.count(b"HTTP/1.1 200 OK") == 3
+
+
+def test_rate_limit_answers_429_but_not_to_the_probes(
+    serve: Callable[..., MetricsServer], pki: Pki
+) -> None:
+    server = serve({**tls_config(pki), "rate_limit": {"interval": "1h", "burst": 2}})
+    context = client_context(pki)
+    assert [get(server, context).status for _ in range(3)] == [200, 200, 429]
+    assert get(server, context, "/healthz").status == 200
+    assert server.stats().rate_limited == 1
+
+
+# --- curl ---------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(CURL is None, reason="curl is not installed")
+def test_curl_is_refused_without_credentials_and_served_with_them(
+    serve: Callable[..., MetricsServer], pki: Pki
+) -> None:
+    server = serve(with_users(tls_config(pki)))
+    without = curl(server, pki, "--fail")
+    assert without.returncode == 22, without  # curl's "HTTP error" exit
+    assert without.stdout.endswith("401")
+    with_credentials = curl(server, pki, "--user", f"{USER}:{PASSWORD}")
+    assert with_credentials.returncode == 0, with_credentials
+    assert with_credentials.stdout.endswith("200")
+    assert "demo_total 1" in with_credentials.stdout
+
+
+@pytest.mark.skipif(CURL is None, reason="curl is not installed")
+def test_curl_needs_a_client_certificate_when_one_is_required(
+    serve: Callable[..., MetricsServer], pki: Pki
+) -> None:
+    config = tls_config(
+        pki, client_auth_type="RequireAndVerifyClientCert", client_ca_file=str(pki.ca)
+    )
+    server = serve(config)
+    without = curl(server, pki)
+    assert without.returncode != 0, without
+    assert not without.stdout.endswith("200")
+    with_cert = curl(server, pki, "--cert", str(pki.client), "--key", str(pki.client_key))
+    assert with_cert.returncode == 0, with_cert
+    assert with_cert.stdout.endswith("200")
+
+
+# --- client certificates -----------------------------------------------------------------------
+
+
+def refused_by_tls(server: MetricsServer, context: ssl.SSLContext) -> bool:
+    """True when the server ends the TLS session instead of answering. With TLS 1.3 the
+    client learns that its certificate was refused on its first read, not in the handshake."""
+    try:
+        response = get(server, context)
+    except (ssl.SSLError, ConnectionError, http.client.RemoteDisconnected):
+        return True
+    return response.status == 0
+
+
+def test_require_and_verify_refuses_a_client_without_a_good_certificate(
+    serve: Callable[..., MetricsServer], pki: Pki
+) -> None:
+    config = tls_config(
+        pki, client_auth_type="RequireAndVerifyClientCert", client_ca_file=str(pki.ca)
+    )
+    server = serve(config)
+    assert refused_by_tls(server, client_context(pki))  # no certificate
+    assert refused_by_tls(server, client_context(pki, "stranger"))  # not signed by the CA
+    assert get(server, client_context(pki, "client")).status == 200
+    wait_for(lambda: server.stats().tls_errors == 2, 10, "two failed handshakes counted")
+    wait_for(lambda: server.stats().open_connections == 0, 10, "the refused sockets closed")
+
+
+def test_verify_if_given_admits_no_certificate_but_not_a_bad_one(
+    serve: Callable[..., MetricsServer], pki: Pki
+) -> None:
+    config = tls_config(pki, client_auth_type="VerifyClientCertIfGiven", client_ca_file=str(pki.ca))
+    server = serve(config)
+    assert get(server, client_context(pki)).status == 200
+    assert get(server, client_context(pki, "client")).status == 200
+    assert refused_by_tls(server, client_context(pki, "stranger"))
+
+
+def test_client_allowed_sans(serve: Callable[..., MetricsServer], pki: Pki) -> None:
+    base = {"client_auth_type": "RequireAndVerifyClientCert", "client_ca_file": str(pki.ca)}
+    allowed = serve(tls_config(pki, **base, client_allowed_sans=[CLIENT_SAN]))
+    assert get(allowed, client_context(pki, "client")).status == 200
+    other = serve(tls_config(pki, **base, client_allowed_sans=["someone.else"]))
+    assert refused_by_tls(other, client_context(pki, "client"))
+    wait_for(lambda: other.stats().tls_errors == 1, 10, "the SAN refusal counted")
+
+
+def test_min_version_tls13_refuses_a_tls12_client(
+    serve: Callable[..., MetricsServer], pki: Pki
+) -> None:
+    server = serve(tls_config(pki, min_version="TLS13"))
+    old = client_context(pki)
+    old.maximum_version = ssl.TLSVersion.TLSv1_2
+    with pytest.raises(ssl.SSLError):
+        get(server, old)
+    assert get(server, client_context(pki)).status == 200
+
+
+# --- deadlines and limits over TLS ---------------------------------------------------------------
+
+
+def test_a_handshake_that_never_completes_is_cut_by_the_header_deadline(
+    serve: Callable[..., MetricsServer], pki: Pki
+) -> None:
+    server = serve(tls_config(pki), header_timeout=0.5)
+    silent = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    partial = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    partial.sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")  # a ClientHello's start
+    try:
+        wait_for(lambda: server.stats().open_connections == 2, 10, "both admitted")
+        for sock in (silent, partial):
+            assert sock.recv(1) == b""  # closed by the server, not by this timeout
+        assert server.stats().header_timeouts == 2
+        wait_for(lambda: server.stats().open_connections == 0, 10, "both forgotten")
+        assert get(server, client_context(pki)).status == 200
+    finally:
+        silent.close()
+        partial.close()
+
+
+def test_unfinished_handshakes_count_against_the_connection_cap(
+    serve: Callable[..., MetricsServer], pki: Pki
+) -> None:
+    server = serve(tls_config(pki), max_connections=3)
+    stalled = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(3)]
+    try:
+        wait_for(lambda: server.stats().open_connections == 3, 10, "the cap filled")
+        assert get(server, client_context(pki)).status == 200  # room made for a real client
+        assert server.stats().evicted >= 1
+    finally:
+        for sock in stalled:
+            sock.close()
+
+
+def test_plain_http_to_the_tls_port_is_closed_and_counted(
+    serve: Callable[..., MetricsServer], pki: Pki
+) -> None:
+    server = serve(tls_config(pki))
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as plain:
+        plain.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        received = b""
+        while chunk := plain.recv(4096):
+            received += chunk
+    assert b"demo_total" not in received
+    wait_for(lambda: server.stats().tls_errors == 1, 10, "the failed handshake counted")
+    assert get(server, client_context(pki)).status == 200
