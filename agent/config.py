@@ -92,6 +92,11 @@ class AgentOptions:
         fallback=lambda env: env.get("NODE_NAME", ""),
         shown="$NODE_NAME, else the host name",
     )
+    series_node_label: bool = flag(
+        False,
+        'put node="<node name>" on every series (true/false), for scrapes that do not add it: '
+        "a plain Prometheus, a ServiceMonitor without relabeling (docs/deploy.md)",
+    )
     collect_deadline: float = flag(
         5.0,
         "seconds a scrape waits for each collector and stage; a late one is reported stuck "

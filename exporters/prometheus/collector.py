@@ -57,6 +57,8 @@ class GpuscopeCollector(Collector):
         scraped = self._collect()
         collection, attribution = scraped.collection, scraped.attribution
         out = Families()
+        if self._config.agent.series_node_label:
+            out.with_constant_labels({"node": self._config.agent.node_name})
         out.add("gpuscope_build_info", _build_labels(scraped), 1)
         for name, result in collection.results.items():
             ok = result.success

@@ -33,7 +33,9 @@ Label conventions:
 - Device series carry device identity only: `gpu` (the NVML index) and `uuid`. Everything
   else about a device (model, PCI bus id, NUMA node, driver) is on `gpuscope_gpu_info`; join
   with `* on(uuid) group_left(model) gpuscope_gpu_info`.
-- The agent never sets `job`, `instance`, `node` or `cluster`: those belong to the scrape.
+- The agent never sets `job`, `instance`, `node` or `cluster`: those belong to the scrape;
+  unless `--series-node-label` asks, then every series carries `node="<node name>"`
+  (for scrape configs that add no node label; docs/deploy.md).
 - A value the device does not support is omitted, never exported as 0. "Present" below says
   when a series exists.
 """

@@ -10,6 +10,10 @@ Every label value is valid UTF-8 text when it is added (`add`, `add_histogram`):
 already escape the bytes they read (agent/hostfs.py), and a value that still holds a lone
 surrogate (a file name taken from a listing unconverted) is escaped here the same way, so
 neither exposition can fail on a label value. The check costs about 50 ns a sample.
+
+Labels set with `with_constant_labels` go on every series at render time, not in the
+catalog: `--series-node-label` puts the node's name in `node` this way, so that a plain
+Prometheus scrape config needs no relabeling.
 """
 
 from __future__ import annotations
@@ -40,6 +44,12 @@ class Families:
         self._samples: dict[str, list[Sample]] = {}
         self._histograms: dict[str, list[HistogramSample]] = {}
         self._by_name, self._order = _catalog()
+        self._constant: tuple[tuple[str, str], ...] = ()
+
+    def with_constant_labels(self, labels: Mapping[str, str]) -> Families:
+        """Every series of this set rendered with `labels` too (names no metric declares)."""
+        self._constant = tuple((k, _text(v)) for k, v in sorted(labels.items()))
+        return self
 
     def add(self, name: str, labels: Sequence[str], value: float) -> None:
         spec = self._by_name[name]  # KeyError: the metric is not in the catalog
@@ -78,15 +88,16 @@ class Families:
         """prometheus_client metric families, for the registry (and OpenMetrics)."""
         for name in self._ordered():
             spec = self._by_name[name]
-            family = _new_family(spec)
+            extra = [v for _, v in self._constant]
+            family = _new_family(spec, tuple(k for k, _ in self._constant))
             if spec.kind == "histogram":
                 for labels, buckets, total in self._histograms[name]:
                     family.add_metric(  # type: ignore[attr-defined]
-                        list(labels), [(_go_float(le), n) for le, n in buckets], total
+                        [*labels, *extra], [(_go_float(le), n) for le, n in buckets], total
                     )
             else:
                 for labels, value in self._samples[name]:
-                    family.add_metric(list(labels), value)  # type: ignore[attr-defined]
+                    family.add_metric([*labels, *extra], value)  # type: ignore[attr-defined]
             yield family
 
     def render_text(self) -> bytes:
@@ -95,13 +106,15 @@ class Families:
         # Many families share label sets (every GPU metric has gpu+uuid, every pod network
         # metric the same pod labels): each distinct set is escaped and joined once.
         seen: dict[tuple[tuple[tuple[str, int], ...], tuple[str, ...]], str] = {}
+        extra = tuple(v for _, v in self._constant)
         for name in self._ordered():
-            header, order = _layout(name)
+            header, order = _layout(name, tuple(k for k, _ in self._constant))
             out.append(header)
             if name in self._histograms:
                 self._render_histograms(name, out)
                 continue
-            for labels, value in self._samples[name]:
+            for own, value in self._samples[name]:
+                labels = own + extra if extra else own
                 inner = seen.get((order, labels))
                 if inner is None:
                     inner = ",".join([f'{key}="{_escape(labels[i])}"' for key, i in order])
@@ -113,11 +126,13 @@ class Families:
     def _render_histograms(self, name: str, out: list[str]) -> None:
         """Each series' labels are escaped once, not once per bucket: with a hundred pods
         the RTT histograms are two thousand bucket lines per scrape."""
-        _, order = _layout(name)
+        _, order = _layout(name, tuple(k for k, _ in self._constant))
+        extra = tuple(v for _, v in self._constant)
         before = tuple((k, i) for k, i in order if k < "le")
         after = tuple((k, i) for k, i in order if k > "le")
         bucket = f"{name}_bucket{{"
-        for labels, buckets, total in self._histograms[name]:
+        for own, buckets, total in self._histograms[name]:
+            labels = own + extra
             head = "".join([f'{key}="{_escape(labels[i])}",' for key, i in before])
             tail = "".join([f',{key}="{_escape(labels[i])}"' for key, i in after])
             for le, count in buckets:
@@ -127,12 +142,13 @@ class Families:
             out.append(f"{name}_sum{{{plain}}} {_go_float(total)}\n")
 
 
-def _new_family(spec: MetricSpec) -> Metric:
+def _new_family(spec: MetricSpec, extra: tuple[str, ...] = ()) -> Metric:
+    labels = [*spec.labels, *extra]
     if spec.kind == "histogram":
-        return HistogramMetricFamily(spec.name, spec.help, labels=list(spec.labels))
+        return HistogramMetricFamily(spec.name, spec.help, labels=labels)
     if spec.kind == "counter":
-        return CounterMetricFamily(spec.family_name, spec.help, labels=list(spec.labels))
-    return GaugeMetricFamily(spec.family_name, spec.help, labels=list(spec.labels))
+        return CounterMetricFamily(spec.family_name, spec.help, labels=labels)
+    return GaugeMetricFamily(spec.family_name, spec.help, labels=labels)
 
 
 @cache
@@ -145,12 +161,13 @@ def _catalog() -> tuple[Mapping[str, MetricSpec], Mapping[str, int]]:
 
 
 @cache
-def _layout(name: str) -> tuple[str, tuple[tuple[str, int], ...]]:
-    """HELP/TYPE lines and the label order (sorted by name, as generate_latest sorts them)."""
+def _layout(name: str, extra: tuple[str, ...] = ()) -> tuple[str, tuple[tuple[str, int], ...]]:
+    """HELP/TYPE lines and the label order (sorted by name, as generate_latest sorts them);
+    `extra`, the constant labels' names, whose values follow the metric's own."""
     spec = _catalog()[0][name]
     doc = spec.help.replace("\\", r"\\").replace("\n", r"\n")
     header = f"# HELP {name} {doc}\n# TYPE {name} {spec.kind}\n"
-    order = tuple(sorted((key, i) for i, key in enumerate(spec.labels)))
+    order = tuple(sorted((key, i) for i, key in enumerate((*spec.labels, *extra))))
     return header, order
 
 
