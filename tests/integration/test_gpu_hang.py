@@ -118,7 +118,7 @@ def test_scrapes_while_a_gpu_hangs_queue_nothing_and_start_no_thread(inprocess) 
         h.advance(1)  # the sampler skips it too
         metrics = scrape_within(h)
         assert metrics.value("gpuscope_gpu_up", gpu="6") == 0
-    assert threading.active_count() == threads
+    assert threading.active_count() <= threads  # threads of earlier tests may end meanwhile
     assert h.gpu.gates.threads() == 8  # one worker per GPU, ever
     assert len(h.fake.blocked_calls()) == 1  # one outstanding call, however many scrapes
     h.fake.release_calls()

@@ -121,7 +121,7 @@ def test_a_thousand_idle_connections(server: MetricsServer) -> None:
     wait_for(lambda: server.stats().open_connections == IDLE, 10, "the server to accept them")
     for _ in range(5):
         scrape(server)
-    assert threading.active_count() == threads  # no thread per connection
+    assert threading.active_count() <= threads  # no thread per connection (others may end)
     wait_all_closed(idle, HEADER_TIMEOUT + 8)
     assert server.stats().header_timeouts == IDLE
     for sock in idle:
@@ -149,7 +149,7 @@ def test_thirty_slowloris_clients(server: MetricsServer) -> None:
             if closed_by_server(sock):
                 closed.add(j)
         scrape(server)  # answered while they trickle
-        assert threading.active_count() == threads
+        assert threading.active_count() <= threads  # threads of earlier tests may end meanwhile
         if len(closed) == SLOWLORIS:
             break
         time.sleep(1)
@@ -171,7 +171,7 @@ def test_idle_and_slowloris_at_once_with_a_kept_alive_scraper(server: MetricsSer
         prometheus.request("GET", "/metrics")
         response = prometheus.getresponse()
         assert (response.status, response.read()) == (200, BODY)
-        assert threading.active_count() == threads
+        assert threading.active_count() <= threads  # threads of earlier tests may end meanwhile
         time.sleep(0.5)
     wait_all_closed(idle + slow, HEADER_TIMEOUT + 8)
     prometheus.close()

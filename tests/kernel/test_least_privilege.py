@@ -334,7 +334,8 @@ def test_the_manifests_capabilities_are_enough(
     run = run_agent(manifest_caps(), workdir, image_headers, "--net-traffic-mode", mode)
     assert run.uid == 0
     assert run.cap_eff == _mask(manifest_caps()), "the agent ran with other capabilities"
-    assert run.success == dict.fromkeys(COLLECTORS, 1.0), run.log
+    # the attribution stage reports as collector="attribution" too
+    assert run.success == dict.fromkeys((*COLLECTORS, "attribution"), 1.0), run.log
     assert f"kernel headers {image_headers}, from fallback" in run.log
     assert "failed" not in run.log, run.log
 
@@ -345,7 +346,8 @@ def test_without_each_capability_net_fails(cap: str, workdir: Path, image_header
     keep = [c for c in manifest_caps() if c != cap]
     run = run_agent(keep, workdir, image_headers, "--net-traffic-mode", mode)
     assert run.cap_eff == _mask(keep)
-    assert run.success == {"gpu": 1.0, "net": 0.0, "nic": 1.0, "rdma": 1.0}, run.log
+    expected = {"gpu": 1.0, "net": 0.0, "nic": 1.0, "rdma": 1.0, "attribution": 1.0}
+    assert run.success == expected, run.log
     assert message in run.log, run.log
 
 

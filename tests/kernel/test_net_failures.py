@@ -93,7 +93,7 @@ def test_net_collector_loads_and_serves_pod_series_in_the_real_binary(
     agent = start_agent(tmp_path, args, fake_env(tmp_path))
     try:
         agent.get("/metrics")  # some host traffic of our own
-        time.sleep(0.2)
+        time.sleep(1.2)  # past --collection-max-age: the next scrape collects anew
         m = agent.scrape()
         assert m.value("gpuscope_collector_success", collector="net") == 1
         modes = m.by_label("gpuscope_bpf_probe_info", "mode")
