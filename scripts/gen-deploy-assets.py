@@ -10,7 +10,8 @@ Sources of truth, edited by hand:
 Two things in the hand-edited sources are themselves generated, in place:
 - the critical-XID list, from agent/gpu/xid_catalog.py: every XID regex in the rules and
   dashboards (a quoted `N|N|...`, as in `xid=~"48|62|..."`) and every "critical XID(s) (N, N,
-  ...)" in their prose and in docs/scheduling.md is rewritten to the catalog's list;
+  ...)" in their prose and in docs/scheduling.md is rewritten to the catalog's list, and
+  the XID table of docs/alerts.md (between its xid-catalog markers) is the catalog's;
 - the cluster selector of the dashboards: every dashboard gets a `cluster` variable (All by
   default) right after its data source, and every selector of every query and variable a
   `CLUSTER_LABEL=~"$cluster"` matcher, for Thanos and Mimir, which tell clusters apart by
@@ -45,7 +46,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script: the gpuscope package of this checkout
 
-from gpuscope.agent.gpu.xid_catalog import critical_list, critical_regex  # noqa: E402
+from gpuscope.agent.gpu.xid_catalog import XIDS, critical_list, critical_regex  # noqa: E402
 
 RULES = REPO / "daemonset" / "rules" / "gpuscope.rules.yml"
 DASHBOARDS = REPO / "dashboards"
@@ -61,6 +62,7 @@ DCGM_COMPAT_CONFIGMAP = (
 )
 DCGM_COMPAT_KEY = "dcgm-compat.rules.yml"
 SCHEDULING_DOC = REPO / "docs" / "scheduling.md"
+ALERTS_DOC = REPO / "docs" / "alerts.md"
 
 # The label that tells clusters apart in a Thanos or Mimir that holds several (an external
 # label of each cluster's Prometheus). kube-prometheus and Thanos's examples call it
@@ -108,6 +110,20 @@ def with_critical_xids(text: str) -> str:
     """`text` with every critical-XID regex and prose list replaced by the catalog's."""
     text = _XID_REGEX.sub(critical_regex(), text)
     return _XID_PROSE.sub(lambda m: m.group(1) + critical_list() + m.group(2), text)
+
+
+_XID_TABLE = re.compile(r"(<!-- xid-catalog:start[^\n]*-->\n).*?(<!-- xid-catalog:end -->)", re.S)
+
+
+def xid_table() -> str:
+    """The XID catalog as a Markdown table, for docs/alerts.md."""
+    rows = [f"| {x.code} | `{x.name}` | {x.meaning} | {x.severity} |" for x in XIDS]
+    return "\n".join(["| XID | Name | Meaning | Severity |", "|---|---|---|---|", *rows]) + "\n"
+
+
+def alerts_doc_text() -> str:
+    text = ALERTS_DOC.read_text()
+    return _XID_TABLE.sub(lambda m: m.group(1) + xid_table() + m.group(2), text)
 
 
 def rules_text() -> str:
@@ -369,6 +385,7 @@ def render_all(label: str = CLUSTER_LABEL) -> dict[Path, str]:
         RULES: rules_text(),
         **{path: dashboard_text(path, label) for path in dashboard_files()},
         SCHEDULING_DOC: with_critical_xids(SCHEDULING_DOC.read_text()),
+        ALERTS_DOC: alerts_doc_text(),
         PROMETHEUS_RULE: render_prometheus_rule(),
         RULES_CONFIGMAP: render_rules_configmap(),
         DASHBOARDS_CONFIGMAPS: render_dashboards(label),
