@@ -1,0 +1,259 @@
+"""End to end, the DCGM compatibility layer: a real Prometheus scrapes the real agent on the
+simulated node (tests/doubles/simnode.py: pods on GPUs 0-6, GPU 6 time-sliced between two
+notebooks, GPU 7 free) with daemonset/rules/dcgm-compat.rules.yml loaded, and
+
+- every DCGM_FI_* rule records a series for every GPU that has its source (all eight GPUs of
+  the fake DGX H100 have them all), one per holding container;
+- each carries exactly dcgm-exporter's labels, with the values gpuscope's own series give:
+  Hostname the node, device nvidia<gpu>, UUID, modelName, pci_bus_id and
+  DCGM_FI_DRIVER_VERSION from gpuscope_gpu_info, namespace/pod/container the holders in
+  gpuscope_gpu_allocation_info (none on the free GPU);
+- each value equals the unit conversion of its source, queried at the recorded sample's own
+  timestamp (so both read the same samples): % = ratio x 100, MiB, MHz, mJ, KiB/s, MB/s, and
+  XID_ERRORS the highest XID number counted on the GPU, computed here from the xid labels.
+
+A scrape ingested just after a rule evaluation can make one round of comparisons differ for
+a gauge that moved; the checks repeat until one round passes, within a bounded wait.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.doubles.simnode import SimNode, training_scenario
+from tests.e2e import test_prometheus_e2e as prometheus_e2e
+from tests.e2e.test_prometheus_e2e import Prometheus, PromQLError
+from tests.support import AgentProcess, sim_node_args
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.e2e,
+    pytest.mark.root(reason="the simulated node puts its pods in cgroups"),
+]
+
+REPO = Path(__file__).resolve().parents[2]
+DCGM_COMPAT = REPO / "daemonset" / "rules" / "dcgm-compat.rules.yml"
+SIM_NODE = "sim-node-1"
+GPUS = 8
+SETTLE_TIMEOUT_S = 25.0
+# GPU -> XIDs injected (DCGM value: the highest). None of them fences the GPU (79, 119, 120
+# would: its series would go, but for up, info and XIDs).
+XIDS = {4: (13, 48), 5: (109,)}
+DCGM_LABELS = frozenset(
+    {"gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id", "DCGM_FI_DRIVER_VERSION"}
+)
+HOLDER_LABELS = ("namespace", "pod", "container")
+SCRAPE_LABELS = frozenset({"job", "instance"})
+
+# Each compatibility series' source in dcgm-exporter's unit, one series per uuid: written
+# here from docs/metrics.md's units, independently of the rules' expressions.
+SOURCES: dict[str, str] = {
+    "DCGM_FI_DEV_GPU_UTIL": "100 * gpuscope_gpu_utilization_ratio",
+    "DCGM_FI_DEV_MEM_COPY_UTIL": "100 * gpuscope_gpu_memory_utilization_ratio",
+    "DCGM_FI_DEV_FB_USED": "gpuscope_gpu_memory_used_bytes / 2^20",
+    "DCGM_FI_DEV_FB_FREE": "(gpuscope_gpu_memory_total_bytes - gpuscope_gpu_memory_used_bytes"
+    " - gpuscope_gpu_memory_reserved_bytes) / 2^20",
+    "DCGM_FI_DEV_POWER_USAGE": "gpuscope_gpu_power_watts",
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": "gpuscope_gpu_energy_joules_total * 1000",
+    "DCGM_FI_DEV_SM_CLOCK": 'gpuscope_gpu_clock_hertz{clock="sm"} / 1e6',
+    "DCGM_FI_DEV_MEM_CLOCK": 'gpuscope_gpu_clock_hertz{clock="memory"} / 1e6',
+    "DCGM_FI_DEV_GPU_TEMP": 'gpuscope_gpu_temperature_celsius{sensor="gpu"}',
+    "DCGM_FI_DEV_MEMORY_TEMP": 'gpuscope_gpu_temperature_celsius{sensor="memory"}',
+    "DCGM_FI_DEV_PCIE_TX_THROUGHPUT": "rate(gpuscope_gpu_pcie_transmit_bytes_total[1m]) / 1024",
+    "DCGM_FI_DEV_PCIE_RX_THROUGHPUT": "rate(gpuscope_gpu_pcie_receive_bytes_total[1m]) / 1024",
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": "gpuscope_gpu_pcie_replay_errors_total",
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": "(rate(gpuscope_gpu_nvlink_transmit_bytes_total[1m])"
+    " + rate(gpuscope_gpu_nvlink_receive_bytes_total[1m])) / 1e6",
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": "gpuscope_gpu_remapped_rows_total"
+    '{type="uncorrectable"}',
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": 'gpuscope_gpu_remapped_rows_total{type="correctable"}',
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE": "gpuscope_gpu_row_remap_failure",
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "gpuscope_gpu_graphics_engine_active_ratio",
+    "DCGM_FI_PROF_SM_ACTIVE": "gpuscope_gpu_sm_active_ratio",
+    "DCGM_FI_PROF_SM_OCCUPANCY": "gpuscope_gpu_sm_occupancy_ratio",
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "gpuscope_gpu_tensor_active_ratio",
+    "DCGM_FI_PROF_DRAM_ACTIVE": "gpuscope_gpu_dram_active_ratio",
+    "DCGM_FI_PROF_PIPE_FP64_ACTIVE": 'gpuscope_gpu_pipe_active_ratio{pipe="fp64"}',
+    "DCGM_FI_PROF_PIPE_FP32_ACTIVE": 'gpuscope_gpu_pipe_active_ratio{pipe="fp32"}',
+    "DCGM_FI_PROF_PIPE_FP16_ACTIVE": 'gpuscope_gpu_pipe_active_ratio{pipe="fp16"}',
+}
+COMPUTED_HERE = {"DCGM_FI_DEV_XID_ERRORS": "from the xid labels of gpuscope_gpu_xid_errors_total"}
+
+
+def compat_names() -> list[str]:
+    doc = yaml.safe_load(DCGM_COMPAT.read_text())
+    return [
+        r["record"] for g in doc["groups"] for r in g["rules"] if r["record"].startswith("DCGM_")
+    ]
+
+
+def test_every_compatibility_series_has_a_source_here() -> None:
+    assert sorted(compat_names()) == sorted([*SOURCES, *COMPUTED_HERE])
+
+
+@dataclass
+class CompatNode:
+    sim: SimNode
+    agent: AgentProcess
+    prom: Prometheus
+
+
+@pytest.fixture
+def compat_node(
+    tmp_path: Path,
+    agent_process: Callable[..., AgentProcess],
+    sim_node: Callable[..., SimNode],
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[CompatNode]:
+    sim = sim_node(SIM_NODE)  # on real time: the agent's sampler runs
+    training_scenario(sim)
+    sim.fake.set_remapped_rows(3, 2, 1, pending=False, failure=True)
+    agent = agent_process(
+        *sim_node_args(sim), "--collectors", "gpu,kubelet,pods", env=sim.fake.env()
+    )
+    # start_prometheus loads the module's RULES: here the compatibility rules alone.
+    monkeypatch.setattr(prometheus_e2e, "RULES", DCGM_COMPAT)
+    prom = prometheus_e2e.start_prometheus(tmp_path / "prom", {SIM_NODE: f"127.0.0.1:{agent.port}"})
+    try:
+        yield CompatNode(sim, agent, prom)
+    finally:
+        prom.proc.terminate()
+        prom.proc.wait(10)
+
+
+def _by_uuid(result: list[dict[str, Any]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for s in result:
+        uuid = s["metric"].get("uuid") or s["metric"].get("UUID", "")
+        assert uuid not in out, f"two series for {uuid}: {result}"
+        out[uuid] = float(s["value"][1])
+    return out
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
+
+
+def _query_at(prom: Prometheus, expr: str, at: float) -> list[dict[str, Any]]:
+    data = prom.get("/api/v1/query", query=expr, time=f"{at:.3f}")
+    result: list[dict[str, Any]] = data["result"]
+    return result
+
+
+def _xid_values(prom: Prometheus, at: float) -> dict[str, float]:
+    """DCGM's XID_ERRORS as the compatibility layer defines it, from gpuscope's counters:
+    the highest XID number counted on the GPU, 0 where XID events are watched and none came."""
+    values = {
+        uuid: 0.0 for uuid in _by_uuid(_query_at(prom, "gpuscope_gpu_xid_events_watched == 1", at))
+    }
+    for s in _query_at(prom, "gpuscope_gpu_xid_errors_total", at):
+        uuid = s["metric"]["uuid"]
+        values[uuid] = max(values.get(uuid, 0.0), float(s["metric"]["xid"]))
+    return values
+
+
+def check_round(node: CompatNode) -> dict[str, str]:
+    """One round of every check; {where: what is wrong}, empty when all hold."""
+    prom, problems = node.prom, {}
+    info = {s["metric"]["uuid"]: s["metric"] for s in prom.query("gpuscope_gpu_info")}
+    holders: dict[str, set[tuple[str, ...]]] = {uuid: set() for uuid in info}
+    for s in prom.query("gpuscope_gpu_allocation_info"):
+        holders[s["metric"]["uuid"]].add(tuple(s["metric"][k] for k in HOLDER_LABELS))
+    if len(info) != GPUS or not any(holders.values()):
+        return {"sources": f"{len(info)} GPUs in gpuscope_gpu_info, holders {holders}"}
+    for name in compat_names():
+        series = prom.query(f"{name}{{Hostname='{SIM_NODE}'}}")
+        got_holders: dict[str, set[tuple[str, ...]]] = {uuid: set() for uuid in info}
+        stamps = set()
+        for s in series:
+            labels = dict(s["metric"])
+            where = f"{name}{{gpu={labels.get('gpu')}, pod={labels.get('pod')}}}"
+            uuid = labels.get("UUID", "")
+            source = info.get(uuid)
+            if source is None:
+                problems[where] = f"UUID {uuid!r} is no GPU of gpuscope_gpu_info"
+                continue
+            expected = {
+                "__name__": name,
+                "gpu": source["gpu"],
+                "UUID": uuid,
+                "device": f"nvidia{source['gpu']}",
+                "modelName": source["model"],
+                "Hostname": SIM_NODE,
+                "pci_bus_id": source["pci_bus_id"],
+                "DCGM_FI_DRIVER_VERSION": source["driver_version"],
+                "job": "gpuscope",
+                "instance": f"127.0.0.1:{node.agent.port}",
+            }
+            holder = tuple(labels.pop(k, "") for k in HOLDER_LABELS)
+            if labels != expected:
+                problems[where] = f"labels {labels}, expected {expected}"
+            got_holders[uuid].add(holder)
+        for uuid, want in holders.items():
+            want = want or {("", "", "")}
+            if got_holders[uuid] != want:
+                problems[f"{name} GPU {info[uuid]['gpu']}"] = (
+                    f"holders {sorted(got_holders[uuid])}, expected {sorted(want)}"
+                )
+        stamps = {float(s["value"][1]) for s in prom.query(f"timestamp({name})")}
+        if len(stamps) != 1:
+            problems[f"{name} timestamp"] = f"{stamps}"
+            continue
+        (at,) = stamps
+        recorded = _query_at(prom, name, at)
+        expected_values = (
+            _xid_values(prom, at)
+            if name in COMPUTED_HERE
+            else _by_uuid(_query_at(prom, SOURCES[name], at))
+        )
+        if set(expected_values) != set(info):
+            problems[f"{name} source"] = f"for {len(expected_values)} of {GPUS} GPUs"
+        for s in recorded:
+            uuid = s["metric"]["UUID"]
+            value, want_value = float(s["value"][1]), expected_values.get(uuid, math.nan)
+            if not _close(value, want_value):
+                problems[f"{name} GPU {s['metric']['gpu']} value"] = (
+                    f"{value} != {want_value} (source at {at})"
+                )
+    return problems
+
+
+def test_every_compatibility_series_has_dcgm_labels_and_its_sources_value(
+    compat_node: CompatNode,
+) -> None:
+    fake, prom = compat_node.sim.fake, compat_node.prom
+    for gpu, xids in XIDS.items():
+        for xid in xids:
+            fake.inject_xid(gpu, xid)
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    problems: dict[str, str] = {"": "not checked"}
+    rounds = 0
+    while problems and time.monotonic() < deadline:
+        time.sleep(1)
+        rounds += 1
+        try:
+            problems = check_round(compat_node)
+        except PromQLError as err:
+            problems = {"query": str(err)}
+    report = "\n".join(f"  {where}: {why}" for where, why in sorted(problems.items()))
+    assert not problems, (
+        f"{len(problems)} problem(s) after {rounds} rounds:\n{report}\n"
+        f"prometheus log:\n{prom.logs()}\nagent log (tail):\n{compat_node.agent.logs()[-2000:]}"
+    )
+    # The injected XIDs were counted, so XID_ERRORS was checked against numbers, not zeros.
+    values = {
+        int(s["metric"]["gpu"]): float(s["value"][1])
+        for s in prom.query("max by (gpu) (DCGM_FI_DEV_XID_ERRORS)")
+    }
+    assert values == {gpu: float(max(XIDS.get(gpu, (0,)))) for gpu in range(GPUS)}
+    # Time-slicing: GPU 6 has one series per notebook, each with the whole GPU's value.
+    assert len(prom.query('DCGM_FI_DEV_FB_USED{gpu="6"}')) == 2
+    print(f"\nall compatibility series matched their sources after {rounds} round(s)")
