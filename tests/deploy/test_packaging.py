@@ -4,12 +4,14 @@ from a virtual environment holding only the wheel (not the checkout)."""
 from __future__ import annotations
 
 import email.parser
+import hashlib
 import os
 import re
 import shutil
 import subprocess
 import sys
 import sysconfig
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -145,3 +147,27 @@ def test_sources_import_only_through_the_gpuscope_name() -> None:
             if pattern.search(path.read_text()):
                 offenders.append(str(path.relative_to(REPO)))
     assert not offenders, f"import through gpuscope.agent / gpuscope.exporters: {offenders}"
+
+
+# The SHA-256 of https://www.apache.org/licenses/LICENSE-2.0.txt (Debian ships the same bytes
+# as /usr/share/common-licenses/Apache-2.0).
+APACHE_2_0_SHA256 = "cfc7749b96f63bd31c3c42b5c471bf756814053e847c10f3eb003417bc523d30"
+
+
+def test_license_is_the_apache_text_the_metadata_declares() -> None:
+    assert hashlib.sha256((REPO / "LICENSE").read_bytes()).hexdigest() == APACHE_2_0_SHA256
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["license"] == {"text": "Apache-2.0"}
+    dockerfile = (REPO / "daemonset" / "Dockerfile").read_text()
+    assert 'org.opencontainers.image.licenses="Apache-2.0"' in dockerfile
+
+
+def test_changelog_has_the_current_version() -> None:
+    """A release bumps gpuscope.__version__ and names its section in CHANGELOG.md (Keep a
+    Changelog): the version a user runs is the one whose changes they can read."""
+    text = (REPO / "CHANGELOG.md").read_text()
+    versions = re.findall(r"^## \[([^\]]+)\](?: - (\d{4}-\d{2}-\d{2}))?$", text, re.M)
+    assert versions[0] == ("Unreleased", "")
+    released = [v for v, _date in versions[1:]]
+    assert gpuscope.__version__ in released, released
+    assert all(date for _v, date in versions[1:]), "every released version has its date"
