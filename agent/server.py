@@ -55,6 +55,7 @@ from gpuscope.agent.web_config import (
     BasicAuth,
     RateLimit,
     WebConfig,
+    load_web_config,
     parse_basic_authorization,
 )
 
@@ -223,7 +224,8 @@ class MetricsServer:
 
     `health`, when given, adds its text to the /healthz body; it is called on the event
     loop and must not block. `web`, when given, turns on what it configures: TLS (and
-    client certificates), basic auth, extra response headers and the rate limit.
+    client certificates), basic auth, extra response headers and the rate limit; its files
+    are checked for changes every `web_reload_interval` seconds (`_WebReloader`).
     """
 
     def __init__(
@@ -235,6 +237,7 @@ class MetricsServer:
         *,
         health: Callable[[], str] | None = None,
         web: WebConfig | None = None,
+        web_reload_interval: float = 10.0,
         max_connections: int = 1024,
         header_timeout: float = 10.0,
         idle_timeout: float = 90.0,
@@ -264,6 +267,9 @@ class MetricsServer:
         self.extra_headers = list(web.headers) if web is not None else []
         self._auth = BasicAuth(web.users) if web is not None and web.users else None
         self._auth_worker = _Workers(1)  # bcrypt, one check at a time
+        self._reloader = (
+            _WebReloader(web, self._reloaded, web_reload_interval) if web is not None else None
+        )
         self._pending_checks = 0
         self._bucket = _Bucket(web.rate_limit) if web is not None and web.rate_limit else None
         self._connections: set[_Connection] = set()
@@ -298,7 +304,7 @@ class MetricsServer:
 
     def start(self) -> None:
         self._workers.start()
-        if self._auth is not None:
+        if self.web is not None:
             self._auth_worker.start()
         self._thread = threading.Thread(target=self._run, name="http", daemon=True)
         self._thread.start()
@@ -313,6 +319,8 @@ class MetricsServer:
             with contextlib.suppress(RuntimeError):  # the loop has already ended
                 loop.call_soon_threadsafe(stopping.set)
             self._thread.join(10)
+        if self._reloader is not None:
+            self._reloader.stop()
         self._sock.close()
         self._workers.stop()
         self._auth_worker.stop()
@@ -335,6 +343,8 @@ class MetricsServer:
             lambda: _Connection(self), sock=self._sock, backlog=self._backlog
         )
         self._serving.set()
+        if self._reloader is not None:
+            self._reloader.start()
         await self._stopping.wait()
         server.close()
         for connection in list(self._connections):
@@ -384,6 +394,23 @@ class MetricsServer:
         if self._full and len(self._connections) < self.max_connections * 0.9:
             self._full = False
             log.info("http: %d connections open, below the limit again", len(self._connections))
+
+    def _reloaded(self, web: WebConfig, auth: BasicAuth | None) -> None:
+        """From the reloader's thread: use `web` for the connections accepted from now on
+        (those open keep their TLS session)."""
+        loop = self._loop
+        if loop is None:
+            return
+
+        def apply() -> None:
+            self.web = web
+            self.tls = web.tls
+            self.extra_headers = list(web.headers)
+            self._auth = auth
+            self._bucket = _Bucket(web.rate_limit) if web.rate_limit else None
+
+        with contextlib.suppress(RuntimeError):  # the loop has ended: nothing to apply
+            loop.call_soon_threadsafe(apply)
 
     # Access: rate limit and basic auth, before routing.
 
@@ -856,6 +883,68 @@ class _Connection(asyncio.Protocol):
         log.debug("http: %s did not take its answer in time, closing", self.peer)
         self.server.count("write_timeouts")
         self.abort()
+
+
+class _WebReloader:
+    """Reads the web configuration again when the file or one of its certificate files
+    changes, checked every `interval` seconds on a thread of its own. exporter-toolkit reads
+    its file for every connection, so a renewed certificate (a cert-manager Secret, which
+    the kubelet swaps in place) is served without a restart; so here, within `interval`.
+    A file that no longer loads leaves the previous configuration in force, said once per
+    change of error; so does turning TLS on or off, which changes the scheme every scraper
+    is configured with and needs a restart. bcrypt's decoy hash is made here, off the loop.
+    """
+
+    def __init__(
+        self,
+        web: WebConfig,
+        apply: Callable[[WebConfig, BasicAuth | None], None],
+        interval: float,
+    ) -> None:
+        self._web = web
+        self._apply = apply
+        self._interval = interval
+        self._seen = web.fingerprint()
+        self._error: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="web-config", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self.check()
+            except Exception:  # a bug here must not end the thread, nor the agent
+                log.exception("web config: checking for changes failed")
+
+    def check(self) -> None:
+        seen = self._web.fingerprint()
+        if seen == self._seen:
+            return
+        self._seen = seen
+        path = self._web.path
+        try:
+            web = load_web_config(path)
+            if (web.tls is None) != (self._web.tls is None):
+                raise ConfigError(
+                    f"{path}: turning TLS {'off' if web.tls is None else 'on'} needs a restart"
+                )
+        except ConfigError as exc:
+            if str(exc) != self._error:
+                log.error("web config changed but cannot be used, keeping the previous: %s", exc)
+            self._error = str(exc)
+            return
+        self._error = None
+        self._web = web
+        self._apply(web, BasicAuth(web.users) if web.users else None)
+        log.info("web config %s reloaded: %s", path, web.summary())
 
 
 class _Bucket:

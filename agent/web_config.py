@@ -2,12 +2,14 @@
 exporter-toolkit (its docs/web-configuration.md), so one file serves node_exporter and
 gpuscope alike.
 
-The file is read once, at start, and everything in it is checked then: the YAML is strict
-(an unknown or repeated key is an error, as exporter-toolkit's `yaml.UnmarshalStrict` makes
-it), certificates and keys are loaded into an `ssl.SSLContext`, and every bcrypt hash is
+The file is read at start, and everything in it is checked then: the YAML is strict (an
+unknown or repeated key is an error, as exporter-toolkit's `yaml.UnmarshalStrict` makes it),
+certificates and keys are loaded into an `ssl.SSLContext`, and every bcrypt hash is
 validated. Any problem is a `ConfigError` with one line naming the key, so the agent exits 2
 before it serves anything. Relative paths are relative to the file's folder, as in
-exporter-toolkit.
+exporter-toolkit. The server reads the file again when it or a certificate file changes (a
+renewed certificate), keeping the previous configuration if the new one does not load
+(agent/server.py, `_WebReloader`).
 
 Where Python's `ssl` cannot do what the Go server does, the file is refused with a line
 that says so, never served differently from what it asks: `client_auth_type:
@@ -159,6 +161,20 @@ class WebConfig:
     http2: bool
     users: Mapping[str, bytes]  # user -> bcrypt hash; empty: no basic auth
     rate_limit: RateLimit | None
+    files: tuple[Path, ...] = ()  # what was read: the file, then its certificate files
+
+    def fingerprint(self) -> tuple[tuple[int, int, int] | None, ...]:
+        """(mtime, size, inode) of every file read, None for one that is gone: a change
+        means the file or a certificate was replaced (a renewed Secret, say)."""
+        out: list[tuple[int, int, int] | None] = []
+        for file in self.files:
+            try:
+                st = file.stat()
+            except OSError:
+                out.append(None)
+            else:
+                out.append((st.st_mtime_ns, st.st_size, st.st_ino))
+        return tuple(out)
 
     def __str__(self) -> str:  # for --help's default column and logs
         return str(self.path)
@@ -236,8 +252,18 @@ def _build(path: Path, top: dict[str, Any]) -> WebConfig:
             "tls_server_config.client_allowed_sans needs client_auth_type "
             "RequireAndVerifyClientCert"
         )
+    tls_files = (
+        tuple(
+            _join(base, name)
+            for key in ("cert_file", "key_file", "client_ca_file")
+            if (name := _string(tls_section, "tls_server_config", key))
+        )
+        if context is not None
+        else ()
+    )
     return WebConfig(
         path=path,
+        files=(path, *tls_files),
         tls=context,
         client_auth_type=client_auth if context is not None else "",
         client_allowed_sans=frozenset(_normal_ip(s) for s in sans),

@@ -354,3 +354,79 @@ def test_plain_http_to_the_tls_port_is_closed_and_counted(
     assert b"demo_total" not in received
     wait_for(lambda: server.stats().tls_errors == 1, 10, "the failed handshake counted")
     assert get(server, client_context(pki)).status == 200
+
+
+# --- a renewed certificate, a changed file ------------------------------------------------------
+
+
+def served_certificate(server: MetricsServer, context: ssl.SSLContext) -> bytes:
+    raw = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    with context.wrap_socket(raw, server_hostname="localhost") as tls:
+        der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    return der
+
+
+def der(path: Path) -> bytes:
+    return ssl.PEM_cert_to_DER_cert(path.read_text())
+
+
+def test_a_renewed_certificate_is_served_without_a_restart_and_a_broken_one_is_not(
+    serve: Callable[..., MetricsServer],
+    pki: Pki,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    renewed = make_pki(tmp_path / "renewed")
+    live = tmp_path / "live"  # what a mounted Secret would hold
+    live.mkdir()
+    shutil.copy(pki.server, live / "tls.crt")
+    shutil.copy(pki.server_key, live / "tls.key")
+    pair = {"cert_file": str(live / "tls.crt"), "key_file": str(live / "tls.key")}
+    server = serve({"tls_server_config": pair}, web_reload_interval=0.1)
+    context = client_context(pki)
+    context.load_verify_locations(cafile=str(renewed.ca))
+    assert served_certificate(server, context) == der(pki.server)
+
+    # A key that does not match the certificate: the previous pair stays in service.
+    shutil.copy(renewed.server, live / "tls.crt")
+    wait_for(lambda: "cannot be used" in caplog.text, 10, "the broken pair reported")
+    assert served_certificate(server, context) == der(pki.server)
+    assert caplog.text.count("cannot be used") == 1
+
+    shutil.copy(renewed.server_key, live / "tls.key")  # the renewal completes
+    wait_for(
+        lambda: served_certificate(server, context) == der(renewed.server),
+        10,
+        "the renewed certificate served",
+    )
+    assert get(server, context).status == 200
+
+
+def test_a_user_added_to_the_file_can_log_in_without_a_restart(
+    serve: Callable[..., MetricsServer], pki: Pki, tmp_path: Path
+) -> None:
+    server = serve(with_users(tls_config(pki)), web_reload_interval=0.1)
+    context = client_context(pki)
+    assert get(server, context, auth=("grafana", "pw")).status == 401
+    config = with_users(tls_config(pki))
+    config["basic_auth_users"]["grafana"] = bcrypt_hash("pw")
+    write_web_config(tmp_path / "web0.yml", config)  # the file serve() wrote
+    wait_for(
+        lambda: get(server, context, auth=("grafana", "pw")).status == 200,
+        10,
+        "the new user let in",
+    )
+    assert get(server, context, auth=(USER, PASSWORD)).status == 200
+
+
+def test_turning_tls_off_needs_a_restart(
+    serve: Callable[..., MetricsServer],
+    pki: Pki,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    server = serve(tls_config(pki), web_reload_interval=0.1)
+    write_web_config(tmp_path / "web0.yml", {})
+    wait_for(lambda: "turning TLS off needs a restart" in caplog.text, 10, "the refusal")
+    assert get(server, client_context(pki)).status == 200
