@@ -3,10 +3,13 @@ on a simulated GPU node (tests/doubles/simnode.py: fake NVML, kubelet and API do
 processes with real traffic) with the rules file loaded, then every dashboard query, every
 recording rule and every alert expression is evaluated through the HTTP API.
 
-The node is driven into the alerting states the fakes allow: a lost GPU, critical XIDs, row
-remaps pending (on a time-sliced GPU) and failed, an NVLink down and another one erring, a hot
-and thermally throttled GPU, a busy GPU on a narrowed PCIe link, packet loss on one pod's
-path (nftables), an agent whose GPU collector fails and a target that does not answer.
+The node is driven into the alerting states the fakes allow: a lost GPU, critical XIDs and
+one asking for a recovery action (154), uncorrectable ECC errors, row remaps pending (on a
+time-sliced GPU) and failed, an NVLink down and another one erring, a hot and thermally
+throttled GPU, a power-braked one, a busy GPU on a narrowed PCIe link, PCIe replays, packet
+loss on one pod's path (nftables), an agent whose GPU collector fails and a target that
+does not answer. Every series carries a `cluster` target label, as a Thanos or Mimir
+external label would, for the dashboards' cluster variable.
 
 What "returns data" means here (all failures are reported at once, by dashboard and panel
 title, or by rule):
@@ -85,8 +88,12 @@ SETTLE_TIMEOUT_S = 30.0  # after the states are provoked, until every check pass
 SIM_NODE = "sim-node-1"
 BROKEN_NODE = "broken-node"  # an agent whose gpu collector fails (no NVML library)
 GONE_NODE = "gone-node"  # a target nothing listens on
+# The dashboards' cluster variable reads this label (a Thanos or Mimir external label,
+# here a target label); the queries run with its All value (.*), as on a single Prometheus.
+CLUSTER = "sim-cluster"
 STRAGGLER_POD = "ml-team/llama-ft-worker-1"
-CRITICAL_XID, OTHER_XID = 48, 31
+CRITICAL_XID, OTHER_XID, RECOVERY_XID = 48, 31, 154
+HW_POWER_BRAKE = 0x08 | 0x80  # hw_slowdown and hw_power_brake, as NVML sets them together
 
 WORKER = {"namespace": "ml-team", "pod": "llama-ft-worker-0", "workload": "llama-ft"}
 EVAL = {"namespace": "eval", "pod": "eval-nightly-7xk2p", "workload": "eval-nightly"}
@@ -102,6 +109,10 @@ PROVOKED: dict[str, dict[str, str]] = {
     "GPUTemperatureHigh": {"node": SIM_NODE, "gpu": "2", "sensor": "gpu", **WORKER},
     "GPUThrottledThermal": {"node": SIM_NODE, "gpu": "2", **WORKER},
     "GPUPCIeLinkDegraded": {"node": SIM_NODE, "gpu": "0", **WORKER},
+    "GPUPCIeReplayRate": {"node": SIM_NODE, "gpu": "0", **WORKER},
+    "GPUHardwareSlowdown": {"node": SIM_NODE, "gpu": "1", **WORKER},
+    "GPUEccUncorrectable": {"node": SIM_NODE, "gpu": "4", **EVAL},
+    "GPURecoveryActionRequired": {"node": SIM_NODE, "gpu": "4", **EVAL},
     "PodTCPRetransmitRatioHigh": {"node": SIM_NODE, "pod": "llama-ft-worker-1"},
     "GpuscopeCollectorFailing": {"node": BROKEN_NODE, "collector": "gpu"},
     "GpuscopeDown": {"node": GONE_NODE},
@@ -237,7 +248,7 @@ def start_prometheus(tmp: Path, targets: dict[str, str]) -> Prometheus:
                 "job_name": "gpuscope",
                 "honor_labels": True,  # as the PodMonitor and docs/deploy.md's job
                 "static_configs": [
-                    {"targets": [address], "labels": {"node": node}}
+                    {"targets": [address], "labels": {"node": node, "cluster": CLUSTER}}
                     for node, address in targets.items()
                 ],
             }
@@ -333,21 +344,26 @@ def break_gpus(fake: FakeNvml) -> None:
         fake.set_nvlink_up(1, 2, False)
         fake.set_temperature(2, 95)
         fake.set_throttle_reasons(2, 0x20)  # sw_thermal
+        fake.set_throttle_reasons(1, HW_POWER_BRAKE)
         fake.set_remapped_rows(4, 3, 1, pending=False, failure=True)
         fake.set_remapped_rows(6, 1, 0, pending=True, failure=False)
 
 
 def provoker(fake: FakeNvml, stop: threading.Event) -> Callable[[], None]:
-    """What to break once Prometheus has seen the counters start: a lost GPU, XIDs, and
-    NVLink errors that keep coming (every second until `stop`)."""
+    """What to break once Prometheus has seen the counters start: a lost GPU, XIDs (one
+    asking for a recovery action), and NVLink errors, PCIe replays and uncorrectable ECC
+    errors that keep coming (every second until `stop`)."""
 
     def errors_keep_coming() -> None:
         while not stop.wait(1.0):
             fake.add_nvlink_errors(1, 0, "crc_flit", 3)
+            fake.add_pcie_replays(0, 20)  # 1,200 a minute, above 8
+            fake.add_ecc_errors(4, uncorrected=1)  # so that an 8 s window sees them too
 
     def provoke_later() -> None:
         fake.lose_gpu(3)  # while running: a GPU lost before the agent starts has no UUID
         fake.inject_xid(4, CRITICAL_XID)
+        fake.inject_xid(4, RECOVERY_XID)
         fake.inject_xid(5, OTHER_XID)
         threading.Thread(target=errors_keep_coming, daemon=True).start()
 
@@ -471,6 +487,7 @@ def template_values(
     if not workload:
         problems.append("no workload in gpuscope_pod_info")
     common = {
+        "cluster": ".*",
         "__rate_interval": RATE_INTERVAL,
         "__interval": f"{SCRAPE_INTERVAL_S}s",
         "__range": f"{max(int(elapsed), 2)}s",
