@@ -149,3 +149,146 @@ def test_every_metric_and_label_the_rules_select_exists() -> None:
             elif labels - known[metric]:
                 problems.append(f"{rule.get('alert') or rule.get('record')}: {metric} {labels}")
     assert not problems, "\n".join(problems)
+
+
+# --- the DCGM compatibility layer (daemonset/rules/dcgm-compat.rules.yml) ------------------
+
+DCGM_COMPAT = REPO / "daemonset" / "rules" / "dcgm-compat.rules.yml"
+DCGM_COMPAT_PROMETHEUS_RULE = (
+    REPO / "daemonset" / "overlays" / "dcgm-compat" / "prometheusrule.yaml"
+)
+MIGRATION_DOC = REPO / "docs" / "migrating-from-dcgm-exporter.md"
+# dcgm-exporter's default counter set (etc/default-counters.csv in NVIDIA/dcgm-exporter, the
+# fields not commented out), and those of them gpuscope has no source for.
+DCGM_DEFAULT_COUNTERS = (
+    "DCGM_FI_DEV_SM_CLOCK",
+    "DCGM_FI_DEV_MEM_CLOCK",
+    "DCGM_FI_DEV_MEMORY_TEMP",
+    "DCGM_FI_DEV_GPU_TEMP",
+    "DCGM_FI_DEV_POWER_USAGE",
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+    "DCGM_FI_DEV_PCIE_TX_THROUGHPUT",
+    "DCGM_FI_DEV_PCIE_RX_THROUGHPUT",
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+    "DCGM_FI_DEV_GPU_UTIL",
+    "DCGM_FI_DEV_MEM_COPY_UTIL",
+    "DCGM_FI_DEV_ENC_UTIL",
+    "DCGM_FI_DEV_DEC_UTIL",
+    "DCGM_FI_DEV_XID_ERRORS",
+    "DCGM_FI_DEV_FB_FREE",
+    "DCGM_FI_DEV_FB_USED",
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+    "DCGM_FI_DEV_VGPU_LICENSE_STATUS",
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+)
+# dcgm-exporter's profiling fields (dcp-metrics-included.csv, the GPU Operator's default)
+# that gpuscope reads through NVML GPM.
+DCGM_PROF_FIELDS = (
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+    "DCGM_FI_PROF_SM_ACTIVE",
+    "DCGM_FI_PROF_SM_OCCUPANCY",
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+    "DCGM_FI_PROF_DRAM_ACTIVE",
+    "DCGM_FI_PROF_PIPE_FP64_ACTIVE",
+    "DCGM_FI_PROF_PIPE_FP32_ACTIVE",
+    "DCGM_FI_PROF_PIPE_FP16_ACTIVE",
+)
+NO_GPUSCOPE_SOURCE = {
+    "DCGM_FI_DEV_ENC_UTIL": "gpuscope does not read the video encoder",
+    "DCGM_FI_DEV_DEC_UTIL": "gpuscope does not read the video decoder",
+    "DCGM_FI_DEV_VGPU_LICENSE_STATUS": "gpuscope does not read vGPU licensing",
+}
+# dcgm-exporter's labels, and those of the scrape, on every compatibility series.
+DCGM_LABELS = frozenset(
+    {"gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id", "DCGM_FI_DRIVER_VERSION"}
+    | {"namespace", "pod", "container", "job", "instance"}
+)
+DCGM_LABEL_JOIN = "* on (job, instance, UUID) group_right () gpu_pod:gpuscope_gpu_dcgm_labels:info"
+
+
+def compat_rules() -> list[dict[str, Any]]:
+    doc = yaml.safe_load(DCGM_COMPAT.read_text())
+    return [r for g in doc["groups"] for r in g["rules"]]
+
+
+def _outer_by(expr: str) -> set[str]:
+    m = re.match(r"\w+ by \(([^)]*)\)", " ".join(expr.split()))
+    return {x.strip() for x in m.group(1).split(",")} if m else set()
+
+
+def test_promtool_accepts_the_compat_rules_and_their_prometheus_rule(tmp_path: Path) -> None:
+    proc = promtool("check", "rules", DCGM_COMPAT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"SUCCESS: {len(compat_rules())} rules found" in proc.stdout
+    spec = yaml.safe_load(DCGM_COMPAT_PROMETHEUS_RULE.read_text())["spec"]
+    path = tmp_path / "dcgm-compat-groups.yml"
+    path.write_text(yaml.safe_dump({"groups": spec["groups"]}, sort_keys=False))
+    proc = promtool("check", "rules", path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"SUCCESS: {len(compat_rules())} rules found" in proc.stdout
+
+
+def test_compat_layer_records_every_dcgm_field_gpuscope_has_a_source_for() -> None:
+    recorded = [r["record"] for r in compat_rules() if r["record"].startswith("DCGM_FI_")]
+    assert not [r for r in compat_rules() if "alert" in r], "the compat layer only records"
+    assert len(recorded) == len(set(recorded))
+    expected = set(DCGM_DEFAULT_COUNTERS) - set(NO_GPUSCOPE_SOURCE) | set(DCGM_PROF_FIELDS)
+    assert set(recorded) == expected
+
+
+def test_compat_helper_rules_follow_level_metric_operations() -> None:
+    for r in compat_rules():
+        if r["record"].startswith("DCGM_FI_"):
+            continue
+        level, metric, ops = r["record"].split(":")
+        assert metric.startswith("gpuscope_") and re.fullmatch(r"[a-z]+(_[a-z]+)*", ops)
+        for label in level.split("_"):
+            assert label in r["expr"], f"{r['record']}: level {label} not in its expression"
+
+
+def test_every_compat_series_gets_dcgm_exporters_labels_from_the_one_join() -> None:
+    """The label set is the join's own by() list; every DCGM_FI_* rule ends with the join
+    (group_right: the labels are the join's), so none can drift from dcgm-exporter's."""
+    (labels_rule,) = [r for r in compat_rules() if r["record"].endswith(":info")]
+    assert _outer_by(labels_rule["expr"]) == DCGM_LABELS
+    for r in compat_rules():
+        if r["record"].startswith("DCGM_FI_"):
+            assert " ".join(r["expr"].split()).endswith(DCGM_LABEL_JOIN), r["record"]
+
+
+def test_every_compat_recording_rule_has_a_checked_value() -> None:
+    exprs = [e for t in _rule_tests() for e in t.get("promql_expr_test", [])]
+    missing = [
+        r["record"]
+        for r in compat_rules()
+        if not any(e["expr"].strip() == r["record"] and e.get("exp_samples") for e in exprs)
+    ]
+    assert not missing, f"compat recording rules without a promql_expr_test: {missing}"
+
+
+def test_every_metric_and_label_the_compat_rules_select_exists() -> None:
+    known = known_series()
+    for r in compat_rules():
+        known[r["record"]] = _outer_by(r["expr"]) or {"digit"}
+    problems = []
+    for rule in compat_rules():
+        for metric, labels in selectors(rule["expr"]):
+            if metric not in known:
+                problems.append(f"{rule['record']}: unknown {metric}")
+            elif labels - known[metric]:
+                problems.append(f"{rule['record']}: {metric} {labels}")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_migration_guide_has_a_row_for_every_default_counter() -> None:
+    rows = {
+        m.group(1): line
+        for line in MIGRATION_DOC.read_text().splitlines()
+        if (m := re.match(r"\| `(DCGM_FI_\w+)` \|", line))
+    }
+    missing = [c for c in (*DCGM_DEFAULT_COUNTERS, *DCGM_PROF_FIELDS) if c not in rows]
+    assert not missing, f"docs/migrating-from-dcgm-exporter.md has no row for {missing}"
+    for counter, why in NO_GPUSCOPE_SOURCE.items():
+        assert "none" in rows[counter].lower(), f"{counter}: the guide must say ({why})"
