@@ -43,7 +43,11 @@ DOCKERFILE = REPO / "daemonset" / "Dockerfile"
 DCGM_EXPORTER_PORT = 9400
 DOCKERIGNORE = REPO / ".dockerignore"
 DEPLOY_DOC = REPO / "docs" / "deploy.md"
-CRDS = {("monitoring.coreos.com/v1", "PodMonitor"), ("monitoring.coreos.com/v1", "PrometheusRule")}
+CRDS = {
+    ("monitoring.coreos.com/v1", "PodMonitor"),
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
+}
 OLDEST_KUBERNETES = "1.30.0"  # ValidatingAdmissionPolicy (and its matchConditions) GA
 SERVICE_ACCOUNT = "system:serviceaccount:gpuscope:gpuscope"
 

@@ -25,6 +25,7 @@ KUSTOMIZATIONS = (
     "overlays/no-node-labels",
     "overlays/dcgm-compat",
     "overlays/plain-prometheus-dcgm-compat",
+    "overlays/servicemonitor",
 )
 
 
