@@ -582,6 +582,7 @@ class _Connection(asyncio.Protocol):
         self._write_paused = False
         self._close_after = False
         self._tls_started = False
+        self._tls_up = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Called once for TCP, and once more with the TLS transport when the handshake
@@ -630,16 +631,20 @@ class _Connection(asyncio.Protocol):
 
     def _handshake_done(self, waiter: asyncio.Future[None]) -> None:
         """A failed handshake never reaches connection_lost (the TLS layer tells only a
-        protocol it connected): forget the connection here."""
-        if waiter.cancelled() or waiter.exception() is None or self.state is _State.CLOSED:
+        protocol it connected): forget the connection here. Failed means this protocol was
+        not connected by the time the waiter ended, whatever the waiter holds (a socket
+        closed mid-handshake can end it with no exception)."""
+        error = None if waiter.cancelled() else waiter.exception()
+        if self._tls_up or self.state is _State.CLOSED:
             return
-        log.debug("http: TLS handshake with %s failed: %s", self.peer, waiter.exception())
+        log.debug("http: TLS handshake with %s failed: %r", self.peer, error)
         self.server.count("tls_errors")
         self.state = _State.CLOSED
         self._cancel_timer()
         self.server.forget(self)
 
     def _tls_ready(self, transport: asyncio.Transport) -> None:
+        self._tls_up = True
         self.transport = transport
         if self.state is _State.CLOSED:
             transport.abort()

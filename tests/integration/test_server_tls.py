@@ -10,6 +10,7 @@ import http.client
 import shutil
 import socket
 import ssl
+import struct
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -340,6 +341,26 @@ def test_unfinished_handshakes_count_against_the_connection_cap(
     finally:
         for sock in stalled:
             sock.close()
+
+
+def test_clients_that_leave_mid_handshake_are_forgotten(
+    serve: Callable[..., MetricsServer], pki: Pki
+) -> None:
+    server = serve(tls_config(pki))
+    hello = b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"
+    for how in ("close", "half-close", "reset"):
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        sock.sendall(hello)
+        wait_for(lambda: server.stats().open_connections == 1, 10, "the client admitted")
+        if how == "half-close":
+            sock.shutdown(socket.SHUT_WR)
+            assert sock.recv(1) == b""
+        elif how == "reset":
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
+        wait_for(lambda: server.stats().open_connections == 0, 10, f"a {how} forgotten")
+    assert server.stats().tls_errors == 3
+    assert get(server, client_context(pki)).status == 200
 
 
 def test_plain_http_to_the_tls_port_is_closed_and_counted(
