@@ -9,7 +9,9 @@ time-sliced GPU) and failed, an NVLink down and another one erring, a hot and th
 throttled GPU, a power-braked one, a busy GPU on a narrowed PCIe link, PCIe replays, packet
 loss on one pod's path (nftables), an agent whose GPU collector fails and a target that
 does not answer. Every series carries a `cluster` target label, as a Thanos or Mimir
-external label would, for the dashboards' cluster variable.
+external label would, for the dashboards' cluster variable. The simulated node's agent puts
+`node` on its series itself (--series-node-label) and its scrape adds none, as with a plain
+static scrape config: the dashboards and rules must work with that too.
 
 What "returns data" means here (all failures are reported at once, by dashboard and panel
 title, or by rule):
@@ -91,6 +93,9 @@ GONE_NODE = "gone-node"  # a target nothing listens on
 # The dashboards' cluster variable reads this label (a Thanos or Mimir external label,
 # here a target label); the queries run with its All value (.*), as on a single Prometheus.
 CLUSTER = "sim-cluster"
+# Nodes whose agent puts `node` on its series itself (--series-node-label): their scrape
+# adds none, as a plain static scrape config would not. The others get it from the scrape.
+AGENT_LABELLED = frozenset({SIM_NODE})
 STRAGGLER_POD = "ml-team/llama-ft-worker-1"
 CRITICAL_XID, OTHER_XID, RECOVERY_XID = 48, 31, 154
 HW_POWER_BRAKE = 0x08 | 0x80  # hw_slowdown and hw_power_brake, as NVML sets them together
@@ -228,9 +233,12 @@ class PromQLError(Exception):
     pass
 
 
-def start_prometheus(tmp: Path, targets: dict[str, str]) -> Prometheus:
+def start_prometheus(
+    tmp: Path, targets: dict[str, str], agent_labelled: frozenset[str] = frozenset()
+) -> Prometheus:
     """Debian's prometheus on loopback, scraping {node: host:port} as job gpuscope (the
-    static `node` label stands in for the PodMonitor's relabeling from the pod's node)."""
+    static `node` label stands in for the PodMonitor's relabeling from the pod's node;
+    nodes in `agent_labelled` get none: their agent adds it, --series-node-label)."""
     binary = shutil.which("prometheus")
     if binary is None:
         pytest.fail("prometheus is not installed (scripts/install-deps.sh installs it)")
@@ -248,7 +256,11 @@ def start_prometheus(tmp: Path, targets: dict[str, str]) -> Prometheus:
                 "job_name": "gpuscope",
                 "honor_labels": True,  # as the PodMonitor and docs/deploy.md's job
                 "static_configs": [
-                    {"targets": [address], "labels": {"node": node, "cluster": CLUSTER}}
+                    {
+                        "targets": [address],
+                        "labels": {"cluster": CLUSTER}
+                        | ({} if node in agent_labelled else {"node": node}),
+                    }
                     for node, address in targets.items()
                 ],
             }
@@ -404,6 +416,7 @@ def gpu_node(
         break_gpus(fake)
         agent = agent_process(
             *sim_node_args(sim), "--sysfs", str(sysfs), "--cgroup-root", str(cgroup_v2_root()),
+            "--series-node-label", "true",
             env=fake.env(),
         )  # fmt: skip
         broken = agent_process(
@@ -427,7 +440,7 @@ def gpu_node(
 
 @pytest.fixture
 def prometheus(tmp_path: Path, gpu_node: NodeUnderTest) -> Iterator[Prometheus]:
-    prom = start_prometheus(tmp_path / "prometheus", gpu_node.targets)
+    prom = start_prometheus(tmp_path / "prometheus", gpu_node.targets, AGENT_LABELLED)
     yield prom
     prom.proc.terminate()
     try:
