@@ -615,7 +615,7 @@ class _Connection(asyncio.Protocol):
         Its own handshake timeout is only a backstop behind the header deadline."""
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[None] = loop.create_future()
-        layer = asyncio.sslproto.SSLProtocol(
+        layer = _TlsLayer(
             loop,
             self,
             context,
@@ -888,6 +888,15 @@ class _Connection(asyncio.Protocol):
         log.debug("http: %s did not take its answer in time, closing", self.peer)
         self.server.count("write_timeouts")
         self.abort()
+
+
+class _TlsLayer(asyncio.sslproto.SSLProtocol):
+    """asyncio's TLS layer with a 16 KiB read buffer instead of 256 KiB. It allocates the
+    buffer for every connection when it is made, so 1,000 idle TLS connections held about
+    300 MB (measured), near the DaemonSet's memory limit; requests here are at most 16 KiB,
+    and a TLS record is at most 16 KiB of plaintext, so a larger buffer buys nothing."""
+
+    max_size = 16 * 1024
 
 
 class _WebReloader:

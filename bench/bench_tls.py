@@ -5,7 +5,9 @@ auth (bcrypt cost 10, as `htpasswd -nBC 10` makes it) and HTTPS with a client ce
 each on a kept-alive connection and with a new connection per scrape (what Prometheus does
 after an idle timeout, and what every scrape costs a client that does not keep alive). It
 also prints the first authenticated scrape, which pays bcrypt, against the later ones,
-which the server remembers. Certificates are made in a temporary folder.
+which the server remembers, and what 1,000 idle connections add to the server's resident
+memory: plain, TLS after a scrape, and TLS with no handshake begun (the connection cap is
+1,024). Certificates are made in a temporary folder.
 
     .venv/bin/python bench/bench_tls.py [--scrapes 200]
 """
@@ -15,6 +17,8 @@ from __future__ import annotations
 import argparse
 import base64
 import http.client
+import resource
+import socket
 import ssl
 import statistics
 import subprocess
@@ -44,7 +48,13 @@ def serve(config: str) -> None:
 
     web = load_web_config(Path(config)) if config else None
     server = MetricsServer(
-        ("127.0.0.1", 0), CollectorRegistry(), lambda: BODY, lambda: True, web=web
+        ("127.0.0.1", 0),
+        CollectorRegistry(),
+        lambda: BODY,
+        lambda: True,
+        web=web,
+        header_timeout=300,  # the idle-connection figure holds them open
+        idle_timeout=300,
     )
     server.start()
     print(server.port, flush=True)
@@ -116,15 +126,8 @@ def main() -> None:
         path = ""
         if config is not None:
             path = str(write_web_config(tmp / f"{len(name)}.yml", config))
-        proc = subprocess.Popen(
-            [sys.executable, __file__, "--serve", path],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            cwd=REPO,
-        )
-        assert proc.stdout is not None and proc.stdin is not None
-        port = int(proc.stdout.readline())
+        proc, port = start_server(path)
+        assert proc.stdin is not None
         try:
             first = scrape_times(port, context, headers, 1, keep_alive=True)[0]
             kept = scrape_times(port, context, headers, args.scrapes, keep_alive=True)
@@ -136,6 +139,60 @@ def main() -> None:
               f"{_ms(statistics.median, fresh)} {_ms(_p90, fresh)}")  # fmt: skip
         if headers:
             print(f"{'  first scrape (bcrypt)':28} {first * 1000:8.1f}")
+
+    tls_path = str(write_web_config(tmp / "idle.yml", {"tls_server_config": tls}))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, 4096)), hard))
+    count = 1000
+    print(f"\n{count:,} idle connections add to the server's resident memory:")
+    for name, path, context, handshake in (
+        ("plain HTTP, after a request", "", None, True),
+        ("TLS, after a request", tls_path, server_only, True),
+        ("TLS, no handshake begun", tls_path, server_only, False),
+    ):
+        print(f"  {name:28} {idle_memory(path, context, handshake, count):6.1f} MiB")
+
+
+def start_server(path: str) -> tuple[subprocess.Popen[str], int]:
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--serve", path],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    assert proc.stdout is not None
+    return proc, int(proc.stdout.readline())
+
+
+def rss_kib(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(status.split("VmRSS:")[1].split()[0])
+
+
+def idle_memory(path: str, context: ssl.SSLContext | None, handshake: bool, count: int) -> float:
+    """MiB of resident memory `count` idle connections add to a fresh server."""
+    proc, port = start_server(path)
+    assert proc.stdin is not None
+    held: list[socket.socket] = []
+    try:
+        time.sleep(0.5)
+        before = rss_kib(proc.pid)
+        for _ in range(count):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+            if handshake and context is not None:
+                sock = context.wrap_socket(sock, server_hostname="localhost")
+            if handshake:
+                sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                sock.recv(65536)
+            held.append(sock)
+        time.sleep(1.0)
+        return (rss_kib(proc.pid) - before) / 1024
+    finally:
+        for sock in held:
+            sock.close()
+        proc.stdin.close()
+        proc.wait(10)
 
 
 def _p90(values: list[float]) -> float:
