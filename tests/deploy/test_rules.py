@@ -205,7 +205,11 @@ DCGM_LABELS = frozenset(
     {"gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id", "DCGM_FI_DRIVER_VERSION"}
     | {"namespace", "pod", "container", "job", "instance"}
 )
-DCGM_LABEL_JOIN = "* on (job, instance, UUID) group_right () gpu_pod:gpuscope_gpu_dcgm_labels:info"
+DCGM_MIG_LABELS = frozenset({"GPU_I_ID", "GPU_I_PROFILE"})
+DCGM_GPU_LABELS = "gpu_pod:gpuscope_gpu_dcgm_labels:info"
+DCGM_MIG_LABELS_RULE = "gpu_instance:gpuscope_mig_dcgm_labels:info"
+DCGM_LABEL_JOIN = f"* on (job, instance, UUID) group_right () {DCGM_GPU_LABELS}"
+DCGM_MIG_JOIN = f"* on (job, instance, mig_uuid) group_right () {DCGM_MIG_LABELS_RULE}"
 
 
 def compat_rules() -> list[dict[str, Any]]:
@@ -248,14 +252,22 @@ def test_compat_helper_rules_follow_level_metric_operations() -> None:
             assert label in r["expr"], f"{r['record']}: level {label} not in its expression"
 
 
-def test_every_compat_series_gets_dcgm_exporters_labels_from_the_one_join() -> None:
-    """The label set is the join's own by() list; every DCGM_FI_* rule ends with the join
-    (group_right: the labels are the join's), so none can drift from dcgm-exporter's."""
-    (labels_rule,) = [r for r in compat_rules() if r["record"].endswith(":info")]
-    assert _outer_by(labels_rule["expr"]) == DCGM_LABELS
+def test_every_compat_series_gets_dcgm_exporters_labels_from_the_joins() -> None:
+    """The label sets are the joins' own by() lists, and every DCGM_FI_* term ends with a join
+    (group_right: the labels are the join's), so none can drift from dcgm-exporter's. A rule
+    is the per-GPU term, then for the fields DCGM has per MIG GPU instance `or` the MIG term."""
+    info = {r["record"]: r for r in compat_rules() if r["record"].endswith(":info")}
+    assert _outer_by(info[DCGM_GPU_LABELS]["expr"]) == DCGM_LABELS
+    mig_labels = DCGM_LABELS - {"namespace", "pod", "container"} | DCGM_MIG_LABELS
+    assert _outer_by(info[DCGM_MIG_LABELS_RULE]["expr"]) == mig_labels | {"mig_uuid"}
     for r in compat_rules():
-        if r["record"].startswith("DCGM_FI_"):
-            assert " ".join(r["expr"].split()).endswith(DCGM_LABEL_JOIN), r["record"]
+        if not r["record"].startswith("DCGM_FI_"):
+            continue
+        gpu_term, _, mig_term = " ".join(r["expr"].split()).partition(
+            " or max without (mig_uuid) ("
+        )
+        assert gpu_term.endswith(DCGM_LABEL_JOIN), r["record"]
+        assert not mig_term or mig_term.endswith(f"{DCGM_MIG_JOIN} )"), r["record"]
 
 
 def test_every_compat_recording_rule_has_a_checked_value() -> None:

@@ -12,6 +12,10 @@ notebooks, GPU 7 free) with daemonset/rules/dcgm-compat.rules.yml loaded, and
   timestamp (so both read the same samples): % = ratio x 100, MiB, MHz, mJ, KiB/s, MB/s, and
   XID_ERRORS the highest XID number counted on the GPU, computed here from the xid labels.
 
+On the fake's MIG profile (GPUs 6 and 7 in MIG mode), each GPU instance also has its own
+FB_USED, FB_FREE and DCGM_FI_PROF_* series with GPU_I_ID and GPU_I_PROFILE, valued as its MIG
+devices' gpuscope_mig_* series.
+
 A scrape ingested just after a rule evaluation can make one round of comparisons differ for
 a gauge that moved; the checks repeat until one round passes, within a bounded wait.
 """
@@ -28,6 +32,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.doubles.fakenvml.control import FakeNvml
 from tests.doubles.simnode import SimNode, training_scenario
 from tests.e2e import test_prometheus_e2e as prometheus_e2e
 from tests.e2e.test_prometheus_e2e import Prometheus, PromQLError
@@ -257,3 +262,99 @@ def test_every_compatibility_series_has_dcgm_labels_and_its_sources_value(
     # Time-slicing: GPU 6 has one series per notebook, each with the whole GPU's value.
     assert len(prom.query('DCGM_FI_DEV_FB_USED{gpu="6"}')) == 2
     print(f"\nall compatibility series matched their sources after {rounds} round(s)")
+
+
+# --- MIG: one series per GPU instance -----------------------------------------------------
+
+MIG_PROFILE = "dgx-h100-mig"  # GPUs 6 and 7 in MIG mode, four GPU instances each
+MIG_SOURCES: dict[str, str] = {
+    "DCGM_FI_DEV_FB_USED": "gpuscope_mig_memory_used_bytes / 2^20",
+    "DCGM_FI_DEV_FB_FREE": "(gpuscope_mig_memory_total_bytes - gpuscope_mig_memory_used_bytes)"
+    " / 2^20",
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "gpuscope_mig_graphics_engine_active_ratio",
+    "DCGM_FI_PROF_SM_ACTIVE": "gpuscope_mig_sm_active_ratio",
+    "DCGM_FI_PROF_SM_OCCUPANCY": "gpuscope_mig_sm_occupancy_ratio",
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "gpuscope_mig_tensor_active_ratio",
+    "DCGM_FI_PROF_DRAM_ACTIVE": "gpuscope_mig_dram_active_ratio",
+    "DCGM_FI_PROF_PIPE_FP64_ACTIVE": 'gpuscope_mig_pipe_active_ratio{pipe="fp64"}',
+    "DCGM_FI_PROF_PIPE_FP32_ACTIVE": 'gpuscope_mig_pipe_active_ratio{pipe="fp32"}',
+    "DCGM_FI_PROF_PIPE_FP16_ACTIVE": 'gpuscope_mig_pipe_active_ratio{pipe="fp16"}',
+}
+
+
+def check_mig_round(prom: Prometheus, port: int) -> dict[str, str]:
+    """Every MIG GPU instance has each per-instance field, with the parent's dcgm labels plus
+    GPU_I_ID and GPU_I_PROFILE and no holder labels, valued as its MIG devices' source."""
+    problems: dict[str, str] = {}
+    info = {s["metric"]["uuid"]: s["metric"] for s in prom.query("gpuscope_gpu_info")}
+    migs = {s["metric"]["mig_uuid"]: s["metric"] for s in prom.query("gpuscope_mig_info")}
+    instances = {(m["uuid"], m["gpu_instance"]): m["profile"] for m in migs.values()}
+    if not instances:
+        return {"sources": "no gpuscope_mig_info yet"}
+    for name, source in MIG_SOURCES.items():
+        stamps = {float(s["value"][1]) for s in prom.query(f"timestamp({name})")}
+        if len(stamps) != 1:
+            problems[f"{name} timestamp"] = f"{stamps}"
+            continue
+        (at,) = stamps
+        expected: dict[tuple[str, str], float] = {}
+        for s in _query_at(prom, source, at):
+            m = migs[s["metric"]["mig_uuid"]]
+            key = (m["uuid"], m["gpu_instance"])
+            expected[key] = max(expected.get(key, -math.inf), float(s["value"][1]))
+        got = {}
+        for s in _query_at(prom, f'{name}{{GPU_I_ID!=""}}', at):
+            labels = dict(s["metric"])
+            key = (labels.get("UUID", ""), labels.get("GPU_I_ID", ""))
+            parent = info.get(key[0], {})
+            want = {
+                "__name__": name,
+                "gpu": parent.get("gpu"),
+                "UUID": key[0],
+                "device": f"nvidia{parent.get('gpu')}",
+                "modelName": parent.get("model"),
+                "Hostname": SIM_NODE,
+                "pci_bus_id": parent.get("pci_bus_id"),
+                "DCGM_FI_DRIVER_VERSION": parent.get("driver_version"),
+                "GPU_I_ID": key[1],
+                "GPU_I_PROFILE": instances.get(key),
+                "job": "gpuscope",
+                "instance": f"127.0.0.1:{port}",
+            }
+            if labels != want:
+                problems[f"{name} {key}"] = f"labels {labels}, expected {want}"
+            got[key] = float(s["value"][1])
+        if set(got) != set(instances) or set(expected) != set(instances):
+            problems[f"{name} instances"] = f"{sorted(got)} / sources {sorted(expected)}"
+        for key, value in got.items():
+            if not _close(value, expected.get(key, math.nan)):
+                problems[f"{name} {key} value"] = f"{value} != {expected.get(key)}"
+    return problems
+
+
+def test_mig_gpu_instances_get_their_own_series_with_gpu_i_id_and_profile(
+    tmp_path: Path,
+    agent_process: Callable[..., AgentProcess],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = FakeNvml(MIG_PROFILE, tmp_path / "mig.state")
+    agent = agent_process("--collectors", "gpu", "--labels-mode", "none", env=fake.env())
+    monkeypatch.setattr(prometheus_e2e, "RULES", DCGM_COMPAT)
+    prom = prometheus_e2e.start_prometheus(tmp_path / "prom", {SIM_NODE: f"127.0.0.1:{agent.port}"})
+    try:
+        deadline = time.monotonic() + SETTLE_TIMEOUT_S
+        problems: dict[str, str] = {"": "not checked"}
+        while problems and time.monotonic() < deadline:
+            time.sleep(1)
+            try:
+                problems = check_mig_round(prom, agent.port)
+            except PromQLError as err:
+                problems = {"query": str(err)}
+        report = "\n".join(f"  {where}: {why}" for where, why in sorted(problems.items()))
+        assert not problems, f"{len(problems)} problem(s):\n{report}\n{prom.logs()}"
+        # Eight instances on GPUs 6 and 7; the per-GPU series of every GPU stay (not split).
+        assert len(prom.query('DCGM_FI_DEV_FB_USED{GPU_I_ID!=""}')) == 8
+        assert len(prom.query('DCGM_FI_DEV_FB_USED{GPU_I_ID=""}')) == GPUS
+    finally:
+        prom.proc.terminate()
+        prom.proc.wait(10)
