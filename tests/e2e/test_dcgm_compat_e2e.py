@@ -177,7 +177,6 @@ def check_round(node: CompatNode) -> dict[str, str]:
     for name in compat_names():
         series = prom.query(f"{name}{{Hostname='{SIM_NODE}'}}")
         got_holders: dict[str, set[tuple[str, ...]]] = {uuid: set() for uuid in info}
-        stamps = set()
         for s in series:
             labels = dict(s["metric"])
             where = f"{name}{{gpu={labels.get('gpu')}, pod={labels.get('pod')}}}"
