@@ -178,6 +178,7 @@ def _read(
         remapped_rows=remapped,
         row_remap_pending=remap_pending,
         row_remap_failure=remap_failure,
+        recovery_action=batch.recovery_action,
         xid_errors=dict(xid_errors),
         mig_instances=_with_gpm(_read_mig(nvml, h), integrals) if mig_mode == "enabled" else (),
         gpm=integrals.gpm,
@@ -338,6 +339,7 @@ class _FieldBatch:
     pcie_tx_bytes: int | None
     pcie_rx_bytes: int | None
     nvlinks: tuple[NvLink, ...]
+    recovery_action: int | None
 
 
 def nvlink_count(nvml: Nvml, device: Device) -> int:
@@ -379,11 +381,13 @@ def _read_fields(nvml: Nvml, device: Device) -> _FieldBatch:
     tx = got.get(("pcie_tx", 0))
     rx = got.get(("pcie_rx", 0))
     mem_temp = got.get(("memory_temp", 0))
+    action = got.get(("recovery_action", 0))
     return _FieldBatch(
         memory_temperature=float(mem_temp) if mem_temp is not None else None,
         pcie_tx_bytes=int(tx) if tx is not None else None,
         pcie_rx_bytes=int(rx) if rx is not None else None,
         nvlinks=tuple(links),
+        recovery_action=int(action) if action is not None else None,
     )
 
 

@@ -23,6 +23,19 @@ NVLINK_GET_STATE = 165
 # to these, scoped by link like the others (from R560).
 NVLINK_COUNT_LINK_RECOVERY_SUCCESSFUL = 213
 NVLINK_COUNT_LINK_RECOVERY_FAILED = 214
+# What the driver asks for to bring the GPU back (R570+; XID 154 announces a change).
+# Replaces 226/227 (reset status, drain and reset status), deprecated from R570.
+GPU_RECOVERY_ACTION = 230
+# NVML_GPU_RECOVERY_ACTION_*: 0-4 mean the same in every header that has the field (R570,
+# R575, R580); 5 and above do not (R580's 13.580.65 names 5 GPU_RESET_BUS, later headers
+# RECOVER_IMEX_DOMAIN, with 6 BUS_RESET and 7 SYSTEM_REBOOT): exported as "unknown", with
+# the code as the value.
+RECOVERY_ACTIONS = ("none", "gpu_reset", "node_reboot", "drain_p2p", "drain_and_reset")
+
+
+def recovery_action_name(code: int) -> str:
+    return RECOVERY_ACTIONS[code] if 0 <= code < len(RECOVERY_ACTIONS) else "unknown"
+
 
 # NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_L<n>: only links 0-11 have one.
 _CRC_DATA_PER_LINK = (39, 40, 41, 42, 43, 44, 102, 103, 104, 105, 106, 107)
@@ -57,6 +70,7 @@ def device_fields(nvlink_count: int, *, nvlink5: bool = False) -> FieldRequest:
         (("memory_temp", 0), (MEMORY_TEMP, 0)),
         (("pcie_tx", 0), (PCIE_COUNT_TX_BYTES, 0)),
         (("pcie_rx", 0), (PCIE_COUNT_RX_BYTES, 0)),
+        (("recovery_action", 0), (GPU_RECOVERY_ACTION, 0)),
     ]
     for link in range(nvlink_count):
         pairs += [

@@ -145,6 +145,7 @@ class GpuReading:
     remapped_rows: Mapping[str, int] = field(default_factory=dict)
     row_remap_pending: bool | None = None
     row_remap_failure: bool | None = None
+    recovery_action: int | None = None  # NVML_GPU_RECOVERY_ACTION_*; None before R570
     xid_errors: Mapping[int, int] = field(default_factory=dict)
     mig_instances: tuple[MigInstance, ...] = ()
     processes: tuple[GpuProcess, ...] = ()

@@ -448,6 +448,17 @@ GPU_METRICS: tuple[MetricSpec, ...] = (
         "gpu",
         "GPUs with row remapping.",
     ),
+    MetricSpec(
+        "gpuscope_gpu_recovery_action_info",
+        "gauge",
+        "Always 1; the recovery action the driver requires "
+        "(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION): `action` none, gpu_reset, node_reboot, "
+        "drain_p2p or drain_and_reset, `code` NVML's number (action unknown: a code whose "
+        "meaning differs between driver headers). XID 154 announces a change.",
+        (*GPU, "action", "code"),
+        "gpu",
+        'Drivers R570 and later: one series per GPU, action="none" while none is needed.',
+    ),
     # --- MIG --------------------------------------------------------------------------------
     MetricSpec(
         "gpuscope_mig_info",

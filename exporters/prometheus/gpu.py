@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
+from gpuscope.agent.gpu import fields
 from gpuscope.agent.gpu.collector import GPU, GpuOptions
 from gpuscope.agent.gpu.records import GpmActivity, GpuReading, GpuSnapshot, MigInstance, NvLink
 from gpuscope.exporters.prometheus.catalog_gpu import GPU_METRICS
@@ -104,6 +105,10 @@ def _render_scalars(r: GpuReading, dev: DeviceLabels, out: Families) -> None:
     for name, value in scalars:
         if value is not None:
             out.add(name, dev, float(value))
+    if r.recovery_action is not None:
+        action = fields.recovery_action_name(r.recovery_action)
+        code = str(r.recovery_action)
+        out.add("gpuscope_gpu_recovery_action_info", (*dev, action, code), 1)
 
 
 def _render_labelled(r: GpuReading, dev: DeviceLabels, out: Families) -> None:

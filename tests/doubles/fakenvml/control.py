@@ -392,6 +392,7 @@ def _error_attrs(g: dict[str, Any]) -> dict[str, int | float | str]:
         "rr_unc": 0,
         "rr_pending": 0,
         "rr_failure": 0,
+        "recovery_action": 0,  # NVML_GPU_RECOVERY_ACTION_NONE
     }
 
 
@@ -1377,6 +1378,17 @@ class FakeNvml:
                 rr_failure=int(failure),
             )
             self._commit()
+
+    def set_recovery_action(self, gpu: int, action: int) -> None:
+        """What the driver requires to recover the GPU (field 230, NVML_GPU_RECOVERY_ACTION_*:
+        0 none ... 4 drain and reset), announced as the driver does with XID 154. The field
+        exists from R570: on an older driver branch this is an error, not a silent no-op."""
+        with self._lock:
+            branch = int(str(self.profile["driver_version"]).split(".")[0])
+            if branch < 570:
+                raise ValueError(f"driver {self.profile['driver_version']} has no recovery action")
+            self._gpu(gpu).attrs["recovery_action"] = int(action)
+            self.inject_xid(gpu, 154)
 
     def add_process(
         self,

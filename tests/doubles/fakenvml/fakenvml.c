@@ -214,6 +214,7 @@ typedef unsigned int nvmlGpuFabricState_t; /* unsigned char in nvml.h; c_uint in
 #define NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_SUCCESSFUL_EVENTS 213u
 #define NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS 214u
 #define NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS 215u
+#define NVML_FI_DEV_GET_GPU_RECOVERY_ACTION 230u
 
 #define NVML_DEVICE_ARCH_BLACKWELL 10u
 
@@ -616,6 +617,7 @@ typedef struct {
     unsigned long long ecc_corr_vol, ecc_unc_vol, ecc_corr_agg, ecc_unc_agg;
     unsigned row_remap;
     unsigned rr_corr, rr_unc, rr_pending, rr_failure;
+    unsigned recovery_action; /* NVML_GPU_RECOVERY_ACTION_* (field 230, R570+) */
     /* MIG */
     unsigned mig_capable, mig_mode, mig_pending, mig_max;
     int nmig;
@@ -837,6 +839,7 @@ static const gkey_t gpu_keys[] = {
     GK("rr_unc", K_U32, rr_unc),
     GK("rr_pending", K_U32, rr_pending),
     GK("rr_failure", K_U32, rr_failure),
+    GK("recovery_action", K_U32, recovery_action),
     GK("mig_capable", K_U32, mig_capable),
     GK("mig_mode", K_U32, mig_mode),
     GK("mig_pending", K_U32, mig_pending),
@@ -2749,7 +2752,8 @@ static unsigned long long link_err_sum(const gpu_t *g, int kind) {
  * modelled).  Ids up to 160 are in nvidia-ml-py 11.470.66 (NVML_FI_MAX 161, as in the R515
  * header); 161-166 (NVLink DL errors, state, version) are first in the R520 header (FI_MAX
  * 167); 197/198 (PCIe byte counters) first in R555 (12.5.39; the R550 header has a gap at
- * 197-198 and FI_MAX 200); 213-215 (NVLink5 link recovery counters) first in R560 (12.6.37).
+ * 197-198 and FI_MAX 200); 213-215 (NVLink5 link recovery counters) first in R560 (12.6.37);
+ * 230 (GPU recovery action) first in R570 (12.570.86; 12.560.30 has NVML_FI_MAX 230).
  *
  * A field id the driver does not know: nvml.h documents no per-field code for it (the call
  * returns SUCCESS "if any values were populated"; `value` is undefined unless the field's
@@ -2763,6 +2767,7 @@ static unsigned field_first_branch(unsigned id) {
     if (id >= NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_SUCCESSFUL_EVENTS &&
         id <= NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS)
         return 560;
+    if (id == NVML_FI_DEV_GET_GPU_RECOVERY_ACTION) return 570;
     return 0;
 }
 
@@ -2880,6 +2885,9 @@ static nvmlReturn_t field_value(const ctx_t *c, nvmlFieldValue_t *v) {
     case NVML_FI_DEV_NVLINK_GET_VERSION:
         if (!has_nvlink) return NVML_ERROR_NOT_SUPPORTED;
         fv_uint(v, g->nvlink_version);
+        return NVML_SUCCESS;
+    case NVML_FI_DEV_GET_GPU_RECOVERY_ACTION:
+        fv_uint(v, g->recovery_action);
         return NVML_SUCCESS;
     case NVML_FI_DEV_PCIE_COUNT_TX_BYTES:
     case NVML_FI_DEV_PCIE_COUNT_RX_BYTES: {
