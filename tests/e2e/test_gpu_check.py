@@ -221,6 +221,10 @@ def test_every_check_passes_on_a_well_behaved_driver(node: Any, tmp_path: Path) 
     assert any(
         "PcieThroughput" in r["call"] and r["used_by_agent"] for r in costs["per_tick_calls_gpu0"]
     )  # L40S: no byte counters
+    gpm_rows = {r["call"]: r for r in costs["per_tick_calls_gpu0"] if "Gpm" in r["call"]}
+    support = gpm_rows.pop("nvmlGpmQueryDeviceSupport (first tick only)")
+    assert support["answered"]  # asked on every GPU: the L40S (Ada) answers "no GPM" ...
+    assert gpm_rows and not any(r["used_by_agent"] for r in gpm_rows.values())  # ... so none
     assert checks["fields"]["details"]["unknown_field_probes"] == {
         "0": 3,
         "250": 3,
