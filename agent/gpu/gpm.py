@@ -224,12 +224,10 @@ class GpmReader:
                 self._scopes[key] = _Scope(self._nvml, key)
 
     def read(self) -> GpmTick | None:
-        """Sample every scope; a window for each that had a previous sample. None: the GPU
-        has no GPM (before Hopper, a driver before R520, or bindings without the call)."""
+        """Sample every scope; the totals of each that has had a window. None: the GPU has
+        no GPM (before Hopper, a driver before R520, or one whose struct version differs)."""
         if self._supported is None:
             self._supported = supported(self._nvml, self._handle)
-            if not self._supported:
-                return None
         if not self._supported:
             return None
         if self._reads % RESCAN_READS == 0 or any(
@@ -241,6 +239,9 @@ class GpmReader:
         instances: dict[int, GpmScopeReading] = {}
         for key, scope in self._scopes.items():
             self._step(scope)
+            if not self._supported:  # refused our struct version: off for good
+                self.close()
+                return None
             got = scope.reading()
             if got is None:
                 continue
@@ -299,7 +300,10 @@ class GpmReader:
         request.sample1, request.sample2 = first.value, second.value
         code = self._nvml.raw_call("nvmlGpmMetricsGet", ctypes.byref(request))
         if code == ARGUMENT_VERSION_MISMATCH:
-            log.warning("nvmlGpmMetricsGet: this driver does not take struct version 1")
+            # A driver that wants another nvmlGpmMetricsGet_t: nothing this agent can lay
+            # out. Said once, then the GPU reads as one without GPM.
+            log.warning("nvmlGpmMetricsGet: the driver refuses struct version 1; GPM is off")
+            self._supported = False
         if code != 0:
             return None
         values: dict[int, float | None] = {}
