@@ -125,6 +125,11 @@ class GpmScopeReading:
     dram_active_seconds: float
     activity: GpmActivity | None  # None until the first window
     activity_at: float  # agent monotonic time that window ended
+    # The graphics/compute engine's active share integrated: GPM's busy time, what a MIG
+    # GPU instance has instead of NVML's utilization samples; and the windows at or below
+    # the idle threshold (--idle-threshold), its idle time.
+    busy_seconds: float = 0.0
+    idle_seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,8 +144,11 @@ class GpmTick:
 class _Scope:
     """Two sample buffers of one scope: the last good sample and the one filled next."""
 
-    def __init__(self, nvml: Nvml, gpu_instance: int | None) -> None:
+    def __init__(self, nvml: Nvml, gpu_instance: int | None, idle_threshold: float) -> None:
         self.gpu_instance = gpu_instance
+        self.idle_threshold = idle_threshold
+        self.busy_seconds = 0.0
+        self.idle_seconds = 0.0
         self.previous: ctypes.c_void_p | None = None
         self.previous_at = 0.0
         self.spare: ctypes.c_void_p | None = None
@@ -160,6 +168,10 @@ class _Scope:
             self.tensor_active_seconds += activity.tensor_active * seconds
         if activity.dram_active is not None:
             self.dram_active_seconds += activity.dram_active * seconds
+        if activity.graphics_engine_active is not None:
+            self.busy_seconds += activity.graphics_engine_active * seconds
+            if activity.graphics_engine_active <= self.idle_threshold:
+                self.idle_seconds += seconds
         self.activity = activity
         self.activity_at = at
 
@@ -172,6 +184,8 @@ class _Scope:
             dram_active_seconds=self.dram_active_seconds,
             activity=self.activity,
             activity_at=self.activity_at,
+            busy_seconds=self.busy_seconds,
+            idle_seconds=self.idle_seconds,
         )
 
     def allocate(self) -> bool:
@@ -200,8 +214,11 @@ class GpmReader:
     asks nvmlGpmQueryDeviceSupport; the GPU's MIG GPU instances are looked up then, every
     RESCAN_READS reads and whenever one stops answering (MIG reconfigured)."""
 
-    def __init__(self, nvml: Nvml, handle: Any, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, nvml: Nvml, handle: Any, clock: Callable[[], float], idle_threshold: float = 0.0
+    ) -> None:
         self._nvml = nvml
+        self._idle_threshold = idle_threshold
         self._handle = handle
         self._clock = clock
         self._supported: bool | None = None  # None until the first read asked
@@ -221,7 +238,7 @@ class GpmReader:
             self._scopes.pop(key).free()  # a dead scope is tried afresh (MIG reconfigured)
         for key in wanted:
             if key not in self._scopes:
-                self._scopes[key] = _Scope(self._nvml, key)
+                self._scopes[key] = _Scope(self._nvml, key, self._idle_threshold)
 
     def read(self) -> GpmTick | None:
         """Sample every scope; the totals of each that has had a window. None: the GPU has

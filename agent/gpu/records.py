@@ -57,8 +57,9 @@ class MigInstance:
     memory_used_bytes: int | None
     memory_total_bytes: int | None
     gpm: GpmActivity | None = None  # the GPU instance's last GPM window; None without GPM
-    # The GPU instance's GPM seconds counters (sm/tensor/dram_active_seconds; the other
-    # fields stay None): NVML has no utilization samples for MIG, so these are its busy time.
+    # The GPU instance's GPM counters: sm/tensor/dram_active_seconds, and busy_seconds /
+    # idle_seconds from GPM's graphics-engine activity (NVML has no utilization samples on
+    # MIG; idle = windows at or below --idle-threshold). The other fields stay None.
     integrals: GpuIntegrals | None = None
 
 

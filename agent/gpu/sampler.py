@@ -352,7 +352,9 @@ class Sampler:
                 util=UtilizationIntegrator(
                     self._idle_threshold, max_rate_gap=max(1.0, 2 * self.interval)
                 ),
-                gpm=GpmReader(self._nvml, device.handle, self._clock.monotonic),
+                gpm=GpmReader(
+                    self._nvml, device.handle, self._clock.monotonic, self._idle_threshold
+                ),
             )
         return state
 
@@ -372,7 +374,14 @@ class Sampler:
                 gpm=g.gpm,
             )
         if tick.instances:
-            instances = {gi: _gpm_integrals(r, now, max_age) for gi, r in tick.instances.items()}
+            instances = {  # with GPM's busy and idle time: MIG has no utilization samples
+                gi: replace(
+                    _gpm_integrals(r, now, max_age),
+                    busy_seconds=r.busy_seconds,
+                    idle_seconds=r.idle_seconds,
+                )
+                for gi, r in tick.instances.items()
+            }
             integrals = replace(integrals, gpu_instances=MappingProxyType(instances))
         return integrals
 

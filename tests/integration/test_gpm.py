@@ -203,3 +203,27 @@ def test_bindings_without_gpm_wrappers_still_get_gpm(inprocess, monkeypatch) -> 
     h = inprocess("dgx-h100")
     h.advance(3)
     assert len(h.scrape().series("gpuscope_gpu_sm_active_seconds_total")) == 8
+
+
+def test_mig_instances_get_busy_and_idle_time_from_gpm(inprocess) -> None:
+    """The records the attribution stage builds MIG busy time and allocated-but-idle on."""
+    h = inprocess("dgx-h100-mig")
+    start = h.fake.now
+    h.fake.set_utilization_pattern(7, PATTERN)
+    instances = sorted({d["gpu_instance_id"] for d in h.fake.mig_devices(7)})
+    idle_gi = instances[-1]
+    h.fake.set_gpm_activity(7, graphics=0.0, mig_instance=idle_gi)  # holds the slice, runs nothing
+    h.advance(10, step=0.5)
+    [reading] = [r for r in h.gpu.collect().gpus if r.identity.index == 7]
+    assert reading.mig_instances
+    for mig in reading.mig_instances:
+        assert mig.integrals is not None and mig.gpm is not None
+        gi = mig.gpu_instance
+        busy = h.fake.true_gpm_seconds(7, "graphics", start, h.fake.now, mig_instance=gi)
+        assert mig.integrals.busy_seconds == pytest.approx(busy, rel=1e-6)
+        if gi == idle_gi:
+            assert mig.integrals.busy_seconds == 0
+            assert mig.integrals.idle_seconds == pytest.approx(10.0)
+        else:  # the pattern idles 0.5 s of every 2.6 s; ticks every 0.5 s see some of it
+            assert mig.integrals.busy_seconds > 2
+            assert mig.integrals.idle_seconds < 10.0
