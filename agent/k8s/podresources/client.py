@@ -39,8 +39,9 @@ from gpuscope.agent.sources import SourceUnavailable
 
 DEFAULT_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 
-# The kubelet's own client allows 16 MiB; gRPC's default of 4 MiB is reached by a List on a
-# dense node (every pod, every container, every CPU id).
+# The largest answer this client accepts unless told otherwise: 16 MiB, as the kubelet's own
+# clients. The agent asks for less (agent/k8s/kubelet_source.py MAX_ANSWER_BYTES, 4 MiB): a
+# real List is tens of KB, and parsing costs about ten times an answer's size in memory.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 _OPTIONS: tuple[tuple[str, int], ...] = (
