@@ -69,6 +69,9 @@ Obj = dict[str, Any]
 
 NFD_GROUP = "nfd.k8s-sigs.io"
 NFD_VERSION = "v1alpha1"
+DRA_GROUP = "resource.k8s.io"
+DRA_VERSION = "v1"  # GA in Kubernetes 1.34; v1beta1/v1beta2 are not served here
+NVIDIA_GPU_DRIVER = "gpu.nvidia.com"
 SERVER_VERSION = {
     "major": "1",
     "minor": "33",
@@ -190,7 +193,29 @@ NODE_FEATURES = ResourceType(
     builtin=False,
     generation=True,
 )
-RESOURCE_TYPES = (PODS, NODES, NODE_FEATURES)
+# Dynamic Resource Allocation. ResourceClaims have no field labels beyond name and namespace
+# (nothing selects a claim by node); ResourceSlices, cluster-scoped, select by node and driver.
+RESOURCE_CLAIMS = ResourceType(
+    DRA_GROUP,
+    DRA_VERSION,
+    "resourceclaims",
+    "resourceclaim",
+    "ResourceClaim",
+    namespaced=True,
+    status_subresource=True,
+    generation=True,
+)
+RESOURCE_SLICES = ResourceType(
+    DRA_GROUP,
+    DRA_VERSION,
+    "resourceslices",
+    "resourceslice",
+    "ResourceSlice",
+    namespaced=False,
+    field_labels=("metadata.name", "spec.nodeName", "spec.driver"),
+    generation=True,
+)
+RESOURCE_TYPES = (PODS, NODES, NODE_FEATURES, RESOURCE_CLAIMS, RESOURCE_SLICES)
 _BY_PATH = {(rt.group, rt.version, rt.plural): rt for rt in RESOURCE_TYPES}
 _BY_KIND = {(rt.api_version, rt.kind): rt for rt in RESOURCE_TYPES}
 _BY_PLURAL = {rt.plural: rt for rt in RESOURCE_TYPES}
@@ -232,8 +257,12 @@ def pod(
     uid: str | None = None,
     phase: str = "Running",
     containers: Iterable[Obj] | None = None,
+    resource_claims: Iterable[Obj] = (),
+    resource_claim_statuses: Iterable[Obj] = (),
 ) -> Obj:
-    """A Pod manifest; `node` empty means not yet scheduled."""
+    """A Pod manifest; `node` empty means not yet scheduled. `resource_claims` is
+    `spec.resourceClaims` (see `pod_claim`), `resource_claim_statuses` the names the control
+    plane generated for claims made from templates (`status.resourceClaimStatuses`)."""
     metadata: Obj = {"name": name, "namespace": namespace}
     if labels:
         metadata["labels"] = dict(labels)
@@ -250,12 +279,17 @@ def pod(
     }
     if node:
         spec["nodeName"] = node
+    if resource_claims:
+        spec["resourceClaims"] = [dict(c) for c in resource_claims]
+    status: Obj = {"phase": phase}
+    if resource_claim_statuses:
+        status["resourceClaimStatuses"] = [dict(c) for c in resource_claim_statuses]
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": metadata,
         "spec": spec,
-        "status": {"phase": phase},
+        "status": status,
     }
 
 
@@ -295,6 +329,156 @@ def node_feature(
         },
         "spec": {"labels": dict(labels or {})},
     }
+
+
+def pod_claim(name: str, *, claim: str = "", template: str = "") -> Obj:
+    """One `spec.resourceClaims[]` entry: an existing claim, or one made from a template."""
+    entry: Obj = {"name": name}
+    if claim:
+        entry["resourceClaimName"] = claim
+    if template:
+        entry["resourceClaimTemplateName"] = template
+    return entry
+
+
+def claim_container(name: str, *claims: str | tuple[str, str], image: str = "busybox") -> Obj:
+    """A container using pod claims by name, or `(claim, request)` for one request only."""
+    refs = [{"name": c} if isinstance(c, str) else {"name": c[0], "request": c[1]} for c in claims]
+    return {"name": name, "image": image, "resources": {"claims": refs}}
+
+
+def dra_gpu(
+    minor: int,
+    uuid: str | None,
+    *,
+    product: str = "NVIDIA H100 80GB HBM3",
+    pci_bus_id: str = "",
+) -> Obj:
+    """A full GPU as NVIDIA's DRA driver publishes it (cmd/gpu-kubelet-plugin/deviceinfo.go):
+    named `gpu-<minor>`, attributes `type` "gpu", `uuid`, `productName`, ...; `uuid` None
+    leaves that attribute out, as a driver that publishes none would."""
+    attributes: Obj = {
+        "type": {"string": "gpu"},
+        "productName": {"string": product},
+        "brand": {"string": "Nvidia"},
+        "architecture": {"string": "Hopper"},
+        "cudaComputeCapability": {"version": "9.0.0"},
+        "driverVersion": {"version": "570.124.6"},
+        "cudaDriverVersion": {"version": "12.8.0"},
+        "pcieBusID": {"string": pci_bus_id or f"0000:{0x18 + minor:02x}:00.0"},
+    }
+    if uuid is not None:
+        attributes["uuid"] = {"string": uuid}
+    return {
+        "name": f"gpu-{minor}",
+        "attributes": attributes,
+        "capacity": {"memory": {"value": "80Gi"}},
+    }
+
+
+def dra_mig(
+    parent_minor: int,
+    parent_uuid: str,
+    uuid: str,
+    *,
+    profile: str = "1g.10gb",
+    profile_id: int = 19,
+    start: int = 0,
+    size: int = 1,
+) -> Obj:
+    """A MIG device as NVIDIA's DRA driver publishes it: named
+    `gpu-<minor>-mig-<profile id>-<start>-<size>`, `type` "mig", `uuid`, `parentUUID`,
+    `profile`."""
+    return {
+        "name": f"gpu-{parent_minor}-mig-{profile_id}-{start}-{size}",
+        "attributes": {
+            "type": {"string": "mig"},
+            "uuid": {"string": uuid},
+            "parentUUID": {"string": parent_uuid},
+            "profile": {"string": profile},
+            "productName": {"string": "NVIDIA H100 80GB HBM3"},
+        },
+        "capacity": {"multiprocessors": {"value": "16"}, "memory": {"value": "10Gi"}},
+    }
+
+
+def resource_slice(
+    node_name: str,
+    devices: Iterable[Obj],
+    *,
+    driver: str = NVIDIA_GPU_DRIVER,
+    pool: str | None = None,
+    name: str | None = None,
+) -> Obj:
+    """A ResourceSlice of one node's pool (a kubelet plugin's: `spec.nodeName` set, the pool
+    named after the node, one slice in it)."""
+    pool_name = node_name if pool is None else pool
+    return {
+        "apiVersion": f"{DRA_GROUP}/{DRA_VERSION}",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name or f"{node_name}-{driver}-{pool_name}"},
+        "spec": {
+            "driver": driver,
+            "nodeName": node_name,
+            "pool": {"name": pool_name, "generation": 1, "resourceSliceCount": 1},
+            "devices": [dict(d) for d in devices],
+        },
+    }
+
+
+def resource_claim(
+    namespace: str,
+    name: str,
+    *,
+    requests: Iterable[str] = ("gpu",),
+    results: Iterable[tuple[str, str, str] | tuple[str, str, str, str]] = (),
+    reserved_for: Iterable[tuple[str, str]] = (),
+    node_name: str = "",
+    uid: str | None = None,
+) -> Obj:
+    """A ResourceClaim; with `results` ((request, pool, device) for NVIDIA's driver, or
+    (request, driver, pool, device)) it is allocated (`status.allocation`, on `node_name`),
+    and `reserved_for` lists the (pod name, pod uid) that may use it."""
+    metadata: Obj = {"name": name, "namespace": namespace}
+    if uid:
+        metadata["uid"] = uid
+    claim: Obj = {
+        "apiVersion": f"{DRA_GROUP}/{DRA_VERSION}",
+        "kind": "ResourceClaim",
+        "metadata": metadata,
+        "spec": {
+            "devices": {
+                "requests": [
+                    {"name": r, "exactly": {"deviceClassName": NVIDIA_GPU_DRIVER}} for r in requests
+                ]
+            }
+        },
+    }
+    status: Obj = {}
+    allocated = []
+    for result in results:
+        request, driver, pool, device = (
+            (result[0], NVIDIA_GPU_DRIVER, result[1], result[2]) if len(result) == 3 else result
+        )
+        allocated.append({"request": request, "driver": driver, "pool": pool, "device": device})
+    if allocated:
+        status["allocation"] = {"devices": {"results": allocated}}
+        if node_name:
+            status["allocation"]["nodeSelector"] = {
+                "nodeSelectorTerms": [
+                    {
+                        "matchFields": [
+                            {"key": "metadata.name", "operator": "In", "values": [node_name]}
+                        ]
+                    }
+                ]
+            }
+    reserved = [{"resource": "pods", "name": n, "uid": u} for n, u in reserved_for]
+    if reserved:
+        status["reservedFor"] = reserved
+    if status:
+        claim["status"] = status
+    return claim
 
 
 # --- errors -----------------------------------------------------------------------------------

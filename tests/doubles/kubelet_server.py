@@ -64,6 +64,40 @@ def claim(
     )
 
 
+NVIDIA_DRA_DRIVER = "gpu.nvidia.com"
+NVIDIA_CDI_VENDOR = "k8s.gpu.nvidia.com"  # the CDI vendor of NVIDIA's DRA driver (cdi.go)
+
+
+def nvidia_claim(
+    claim_name: str,
+    *devices: str,
+    pool: str,
+    namespace: str = "default",
+    claim_uid: str = "",
+) -> api_pb2.DynamicResource:
+    """A claim prepared by NVIDIA's DRA driver, as the kubelet reports it (DynamicResources):
+    one ClaimResource per device (`gpu-0`, `gpu-6-mig-19-0-1`), named by driver, pool and
+    device, with the driver's CDI names: the standard `k8s.gpu.nvidia.com/device=<device>`
+    and, when `claim_uid` is given, the claim's own `k8s.gpu.nvidia.com/claim=<uid>-<device>`
+    (a claim with config edits). Neither carries a GPU UUID."""
+    resources = []
+    for device in devices:
+        cdi = [f"{NVIDIA_CDI_VENDOR}/device={device}"]
+        if claim_uid:
+            cdi.append(f"{NVIDIA_CDI_VENDOR}/claim={claim_uid}-{device}")
+        resources.append(
+            api_pb2.ClaimResource(
+                cdi_devices=[api_pb2.CDIDevice(name=name) for name in cdi],
+                driver_name=NVIDIA_DRA_DRIVER,
+                pool_name=pool,
+                device_name=device,
+            )
+        )
+    return api_pb2.DynamicResource(
+        claim_name=claim_name, claim_namespace=namespace, claim_resources=resources
+    )
+
+
 def container(
     name: str,
     *device_entries: api_pb2.ContainerDevices,

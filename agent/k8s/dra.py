@@ -1,0 +1,260 @@
+"""From Kubernetes objects to DRA GPU allocations: pure functions, tested on literal objects.
+
+Three kinds of object say which GPU a container was given through DRA (`resource.k8s.io/v1`):
+
+- the pod: `spec.resourceClaims[]` names each claim it uses (`resourceClaimName`, or a
+  `resourceClaimTemplateName` from which the control plane makes one, whose generated name is
+  in `status.resourceClaimStatuses[]`), and `spec.containers[].resources.claims[]` which
+  container uses which claim (and optionally only one `request` of it);
+- the ResourceClaim: `status.allocation.devices.results[]` (request, driver, pool, device)
+  and `status.reservedFor[]` (the pods allowed to use it: several for a shared claim);
+- the driver's ResourceSlices for this node (`spec.nodeName`): `spec.devices[]`, each named
+  within its pool and carrying attributes. NVIDIA's driver names devices `gpu-<minor>` and
+  `gpu-<minor>-mig-<profile id>-<start>-<size>` and publishes `type` ("gpu", "mig"),
+  `uuid`, `parentUUID` (MIG), `productName`, `profile`, `pcieBusID`, ...; an attribute name
+  without a domain belongs to the driver, so `uuid` and `gpu.nvidia.com/uuid` are the same.
+
+The kubelet's PodResources answer names the same claims, but its CDI device names
+(`k8s.gpu.nvidia.com/device=gpu-0`, `k8s.gpu.nvidia.com/claim=<claim uid>-gpu-0`) carry no
+UUID: only the slices can turn a device name into a GPU.
+
+`parse_*` keep only what the join needs (a watch over every claim of a cluster holds small
+records), returning None for an object with nothing to keep.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpuscope.agent.k8s.dra_records import DraAllocation, DraSnapshot
+
+DeviceKey = tuple[str, str, str]  # driver, pool, device name
+ClaimKey = tuple[str, str]  # namespace, name
+
+
+@dataclass(frozen=True, slots=True)
+class SliceDevice:
+    """A device a ResourceSlice publishes; `uuid` "" when it has no `uuid` attribute."""
+
+    driver: str
+    pool: str
+    name: str
+    uuid: str
+    type: str = ""
+    parent_uuid: str = ""
+    slice: str = ""  # the ResourceSlice's name, for log lines
+
+
+@dataclass(frozen=True, slots=True)
+class AllocatedDevice:
+    request: str  # "<request>" or "<request>/<subrequest>" (firstAvailable)
+    driver: str
+    pool: str
+    device: str
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    namespace: str
+    name: str
+    results: tuple[AllocatedDevice, ...]  # the GPU drivers' results only
+    reserved_for: frozenset[str]  # pod UIDs
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerClaim:
+    container: str
+    claim: str  # the pod's name for the claim (spec.resourceClaims[].name)
+    request: str  # "" for every request of the claim
+
+
+@dataclass(frozen=True, slots=True)
+class PodClaims:
+    uid: str
+    namespace: str
+    name: str
+    # The pod's claim name -> the ResourceClaim's name; "" while a template's claim is not
+    # generated yet.
+    claims: Mapping[str, str]
+    containers: tuple[ContainerClaim, ...]
+
+
+def _strings(value: Any) -> Iterable[Mapping[str, Any]]:
+    """The objects of a list field; anything else in it (or a field that is no list) is
+    skipped: the API validates what it stores, so this guards only against a bug there."""
+    if not isinstance(value, list):
+        return []
+    return [v for v in value if isinstance(v, Mapping)]
+
+
+def _at(obj: Any, *path: str) -> Any:
+    """A nested field, None where any step is missing or not an object."""
+    for key in path:
+        if not isinstance(obj, Mapping):
+            return None
+        obj = obj.get(key)
+    return obj
+
+
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _attribute(attributes: Mapping[str, Any], driver: str, name: str) -> str:
+    """A string (or version) attribute, by its short or driver-qualified name."""
+    for key in (name, f"{driver}/{name}"):
+        value = attributes.get(key)
+        if isinstance(value, Mapping):
+            text = value.get("string", value.get("version"))
+            if isinstance(text, str):
+                return text
+    return ""
+
+
+def parse_slice(
+    obj: Mapping[str, Any], drivers: Collection[str]
+) -> tuple[str, tuple[SliceDevice, ...] | None]:
+    """A ResourceSlice's devices (by slice name), None when its driver publishes no GPUs."""
+    meta, spec = _map(obj.get("metadata")), _map(obj.get("spec"))
+    name = str(meta.get("name", ""))
+    driver = str(spec.get("driver", ""))
+    if driver not in drivers:
+        return name, None
+    pool = str(_map(spec.get("pool")).get("name", ""))
+    devices = []
+    for device in _strings(spec.get("devices")):
+        attributes = _map(device.get("attributes"))
+        devices.append(
+            SliceDevice(
+                driver=driver,
+                pool=pool,
+                name=str(device.get("name", "")),
+                uuid=_attribute(attributes, driver, "uuid"),
+                type=_attribute(attributes, driver, "type"),
+                parent_uuid=_attribute(attributes, driver, "parentUUID"),
+                slice=name,
+            )
+        )
+    return name, tuple(devices)
+
+
+def parse_claim(obj: Mapping[str, Any], drivers: Collection[str]) -> tuple[ClaimKey, Claim | None]:
+    """A ResourceClaim's GPU results and the pods it is reserved for; None while it is not
+    allocated, or allocated no GPU."""
+    meta, status = _map(obj.get("metadata")), _map(obj.get("status"))
+    key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+    devices = _at(status, "allocation", "devices", "results")
+    results = tuple(
+        AllocatedDevice(
+            request=str(r.get("request", "")),
+            driver=str(r.get("driver", "")),
+            pool=str(r.get("pool", "")),
+            device=str(r.get("device", "")),
+        )
+        for r in _strings(devices)
+        if r.get("driver") in drivers
+    )
+    if not results:
+        return key, None
+    reserved = frozenset(
+        str(ref["uid"])
+        for ref in _strings(status.get("reservedFor"))
+        if ref.get("uid") and ref.get("resource", "pods") == "pods" and not ref.get("apiGroup")
+    )
+    return key, Claim(namespace=key[0], name=key[1], results=results, reserved_for=reserved)
+
+
+def parse_pod(obj: Mapping[str, Any]) -> tuple[str, PodClaims | None]:
+    """A pod's claims and which container uses which (by pod UID); None without claims."""
+    meta, spec, status = _map(obj.get("metadata")), _map(obj.get("spec")), _map(obj.get("status"))
+    uid = str(meta.get("uid", ""))
+    generated = {
+        str(s.get("name", "")): str(s.get("resourceClaimName") or "")
+        for s in _strings(status.get("resourceClaimStatuses"))
+    }
+    claims: dict[str, str] = {}
+    for entry in _strings(spec.get("resourceClaims")):
+        name = str(entry.get("name", ""))
+        if entry.get("resourceClaimName"):
+            claims[name] = str(entry["resourceClaimName"])
+        else:  # from a ResourceClaimTemplate: the name the control plane generated, if yet
+            claims[name] = generated.get(name, "")
+    if not claims:
+        return uid, None
+    containers = tuple(
+        ContainerClaim(
+            str(c.get("name", "")), str(ref.get("name", "")), str(ref.get("request") or "")
+        )
+        for key in ("initContainers", "containers")
+        for c in _strings(spec.get(key))
+        for ref in _strings(_at(c, "resources", "claims"))
+    )
+    return uid, PodClaims(
+        uid=uid,
+        namespace=str(meta.get("namespace", "")),
+        name=str(meta.get("name", "")),
+        claims=claims,
+        containers=containers,
+    )
+
+
+def _wanted(result: AllocatedDevice, request: str) -> bool:
+    """A container naming `request` gets that request's devices, its subrequests' included."""
+    return not request or result.request == request or result.request.startswith(request + "/")
+
+
+def resolve(
+    pods: Iterable[PodClaims],
+    claims: Mapping[ClaimKey, Claim],
+    slices: Iterable[Iterable[SliceDevice]],
+) -> DraSnapshot:
+    """The GPU allocations of `pods` (this node's), through their claims and this node's
+    slices. A claim counts for a pod only once it is reserved for that pod (a shared claim:
+    for each pod it is reserved for); a claim not allocated yet, or not reserved yet, gives
+    nothing. A device without a `uuid` attribute, or published by no slice of this node, is
+    left out and said once in `unresolved`."""
+    devices: dict[DeviceKey, SliceDevice] = {}
+    for published in slices:
+        for d in published:
+            devices[(d.driver, d.pool, d.name)] = d
+    allocations: dict[DraAllocation, None] = {}
+    unresolved: dict[str, None] = {}
+    for pod in pods:
+        for use in pod.containers:
+            claim_name = pod.claims.get(use.claim, "")
+            claim = claims.get((pod.namespace, claim_name)) if claim_name else None
+            if claim is None or pod.uid not in claim.reserved_for:
+                continue
+            for result in claim.results:
+                if not _wanted(result, use.request):
+                    continue
+                device = devices.get((result.driver, result.pool, result.device))
+                where = (
+                    f"claim {pod.namespace}/{claim.name} (pod {pod.name}) device "
+                    f"{result.driver}/{result.pool}/{result.device}"
+                )
+                if device is None:
+                    unresolved[f"{where}: no ResourceSlice of this node publishes it"] = None
+                    continue
+                if not device.uuid:
+                    unresolved[
+                        f"{where}: its ResourceSlice {device.slice} gives it no uuid attribute"
+                    ] = None
+                    continue
+                allocation = DraAllocation(
+                    namespace=pod.namespace,
+                    pod=pod.name,
+                    container=use.container,
+                    claim=claim.name,
+                    request=result.request,
+                    driver=result.driver,
+                    pool=result.pool,
+                    device=result.device,
+                    device_uuid=device.uuid,
+                    device_type=device.type,
+                    parent_uuid=device.parent_uuid,
+                )
+                allocations[allocation] = None
+    return DraSnapshot(allocations=tuple(allocations), unresolved=tuple(unresolved))
