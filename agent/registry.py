@@ -12,9 +12,10 @@ from typing import Any
 from gpuscope.agent.collector import Collector
 from gpuscope.agent.gpu.collector import GPU
 from gpuscope.agent.k8s.collector import KUBELET, PODS
+from gpuscope.agent.k8s.dra_collector import DRA
 from gpuscope.agent.net.collector import NET, NIC, RDMA
 
-COLLECTORS: tuple[Collector[Any, Any], ...] = (GPU, NET, NIC, RDMA, KUBELET, PODS)
+COLLECTORS: tuple[Collector[Any, Any], ...] = (GPU, NET, NIC, RDMA, KUBELET, PODS, DRA)
 
 BY_NAME: dict[str, Collector[Any, Any]] = {c.name: c for c in COLLECTORS}
 DEFAULT_COLLECTORS: tuple[str, ...] = tuple(c.name for c in COLLECTORS if c.default)

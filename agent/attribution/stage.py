@@ -31,6 +31,8 @@ from gpuscope.agent.gpu.records import GpuReading, GpuSnapshot
 from gpuscope.agent.hostfs import HostFs
 from gpuscope.agent.k8s.cgroups import PodCgroup
 from gpuscope.agent.k8s.collector import KUBELET, PODS
+from gpuscope.agent.k8s.dra_collector import DRA
+from gpuscope.agent.k8s.dra_records import DraSnapshot
 from gpuscope.agent.k8s.podresources.gpus import DEFAULT_GPU_RESOURCES, match_gpus
 from gpuscope.agent.k8s.podresources.records import KubeletSnapshot
 from gpuscope.agent.k8s.records import PodMeta
@@ -62,6 +64,7 @@ class Attributor:
         self._by_name: Mapping[tuple[str, str], PodMeta] = {}
         self._net_names: Mapping[str, PodName] = {}
         self._unmatched_logged: set[str] = set()
+        self._dra_unresolved: frozenset[str] = frozenset()
         self._fs = HostFs("attribution", logger=log)
 
     def attribute(self, collection: Collection) -> Attribution:
@@ -80,7 +83,8 @@ class Attributor:
         by_uid, by_name = self._pods, self._by_name
 
         readings = [r for r in gpu.gpus if r.up] if gpu is not None else []
-        holdings = self._holdings(kubelet, gpu, by_name) if kubelet is not None else None
+        dra = collection.last_records(DRA)  # allocations survive an API outage, as names do
+        holdings = self._holdings(kubelet, gpu, by_name, dra) if kubelet is not None else None
         holders: dict[str, list[GpuHolding]] = defaultdict(list)
         for h in holdings or ():
             holders[h.uuid].append(h)
@@ -117,12 +121,16 @@ class Attributor:
         kubelet: KubeletSnapshot,
         gpu: GpuSnapshot | None,
         by_name: Mapping[tuple[str, str], PodMeta],
+        dra: DraSnapshot | None = None,
     ) -> tuple[GpuHolding, ...]:
         if gpu is None:
             return ()
         index = {r.identity.uuid: r.identity.index for r in gpu.gpus if r.identity.uuid}
         migs = {m.mig_uuid: r.identity.uuid for r in gpu.gpus for m in r.mig_instances}
         match = match_gpus(kubelet.pods, self._resources, gpu_uuids=index, mig_uuids=migs)
+        allocations = [(a.uuid, a.namespace, a.pod, a.container) for a in match.allocations]
+        if dra is not None:
+            allocations.extend(self._dra_allocations(dra, kubelet, index, migs))
         for miss in match.unmatched:
             if miss.device.device_id not in self._unmatched_logged:
                 self._unmatched_logged.add(miss.device.device_id)
@@ -135,12 +143,45 @@ class Attributor:
                     miss.device.device_id,
                 )
         out: dict[GpuHolding, None] = {}
-        for a in match.allocations:
-            meta = by_name.get((a.namespace, a.pod))
+        for uuid, namespace, pod, container in allocations:
+            meta = by_name.get((namespace, pod))
             workload = meta.workload if meta is not None else NO_WORKLOAD
-            holding = GpuHolding(index[a.uuid], a.uuid, a.namespace, a.pod, a.container, workload)
+            holding = GpuHolding(index[uuid], uuid, namespace, pod, container, workload)
             out[holding] = None  # a container holding two MIG instances of one GPU: once
         return tuple(out)
+
+    def _dra_allocations(
+        self,
+        dra: DraSnapshot,
+        kubelet: KubeletSnapshot,
+        index: Mapping[str, int],
+        migs: Mapping[str, str],
+    ) -> list[tuple[str, str, str, str]]:
+        """(GPU UUID, namespace, pod, container) of each DRA allocation the API names.
+
+        The kubelet's answer says which pods are alive on this node (a finished pod's claim
+        may stay reserved a while); the claims and slices say which GPU each container got,
+        which the kubelet's CDI names for NVIDIA's driver do not. A device that cannot be
+        named, or names no GPU of this node, is said once, while it stays so.
+        """
+        alive = {(p.namespace, p.name) for p in kubelet.pods}
+        problems = set(dra.unresolved)
+        out = []
+        for a in dra.allocations:
+            if (a.namespace, a.pod) not in alive:
+                continue
+            uuid = a.device_uuid if a.device_uuid in index else migs.get(a.device_uuid)
+            if uuid is None:
+                problems.add(
+                    f"claim {a.namespace}/{a.claim} (pod {a.pod}) device "
+                    f"{a.driver}/{a.pool}/{a.device} is {a.device_uuid}, no GPU of this node"
+                )
+                continue
+            out.append((uuid, a.namespace, a.pod, a.container))
+        for line in sorted(problems - self._dra_unresolved):
+            log.warning("DRA: %s; left unattributed", line)
+        self._dra_unresolved = frozenset(problems)
+        return out
 
     def _usage(
         self,

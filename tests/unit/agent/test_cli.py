@@ -64,7 +64,7 @@ def test_environment_variables_and_flags_override_them() -> None:
         (
             ["--collectors", "gpu,dcgm"],
             "--collectors: unknown collector 'dcgm' "
-            "(available: gpu, net, nic, rdma, kubelet, pods)",
+            "(available: gpu, net, nic, rdma, kubelet, pods, dra)",
         ),
         (["--log-format", "xml"], "--log-format: expected json or text, got 'xml'"),
         (["--nvlink-per-link", "maybe"], "--nvlink-per-link: expected true or false, got 'maybe'"),

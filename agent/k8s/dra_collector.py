@@ -1,0 +1,71 @@
+"""Declaration of the `dra` collector: GPUs allocated through Dynamic Resource Allocation
+(`resource.k8s.io/v1`, Kubernetes 1.34+), from the claims' allocation results and the
+driver's ResourceSlices.
+
+Off by default, on with `--collectors ...,dra`: the API offers no field selector for a
+claim's node, so the collector watches every ResourceClaim of the cluster, a cost a cluster
+that allocates GPUs through the device plugin should not pay on every node; and an API server
+before 1.34 serves no `resource.k8s.io/v1` at all (the collector then fails with one line
+saying so). It renders nothing itself: the attribution stage joins its records with the
+kubelet's and the GPUs'.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from gpuscope.agent.collector import BuildContext, Collector
+from gpuscope.agent.k8s.dra_records import DEFAULT_DRA_DRIVERS, DraSnapshot
+from gpuscope.agent.options import ConfigError, flag, names
+from gpuscope.agent.sources import Source
+
+
+def _drivers(flag_name: str, text: str) -> tuple[str, ...]:
+    found = names(text)
+    if not found:
+        raise ConfigError(f"{flag_name}: expected at least one DRA driver name")
+    return found
+
+
+def _seconds(value: float) -> str | None:
+    return None if 10 <= value <= 3600 else f"expected 10 to 3600 seconds, got {value:g}"
+
+
+@dataclass(frozen=True, slots=True)
+class DraOptions:
+    dra_drivers: tuple[str, ...] = flag(
+        DEFAULT_DRA_DRIVERS,
+        "comma-separated DRA drivers whose devices are GPUs (their ResourceSlices carry a uuid "
+        "attribute, as NVIDIA's gpu.nvidia.com does)",
+        parse=_drivers,
+    )
+    dra_stale_after: float = flag(
+        90.0,
+        "seconds without word from the Kubernetes API on a DRA watch (pods, ResourceClaims, "
+        "ResourceSlices) after which the dra collector fails with its last allocations",
+        check=_seconds,
+    )
+
+
+def _build(ctx: BuildContext[DraOptions]) -> Source[DraSnapshot]:
+    from gpuscope.agent.k8s.client import make_client
+    from gpuscope.agent.k8s.dra_source import DraSource
+
+    return DraSource(
+        functools.partial(make_client, ctx.agent.kubeconfig),
+        ctx.agent.node_name,
+        drivers=ctx.options.dra_drivers,
+        stale_after=ctx.options.dra_stale_after,
+    )
+
+
+DRA: Collector[DraSnapshot, DraOptions] = Collector(
+    name="dra",
+    summary="GPUs allocated through Dynamic Resource Allocation, from the ResourceClaims' "
+    "allocation results and the driver's ResourceSlices (Kubernetes API, resource.k8s.io/v1).",
+    records=DraSnapshot,
+    options=DraOptions,
+    build=_build,
+    default=False,
+)

@@ -1,0 +1,125 @@
+"""The `dra` source: which GPU each container got through Dynamic Resource Allocation.
+
+Three list + watch caches (agent/k8s/listwatch.py), each on its own thread:
+
+- this node's pods that use claims (`fieldSelector=spec.nodeName=<node>`);
+- every ResourceClaim (`resource.k8s.io/v1`; the API has no field selector for a claim's
+  node, so all namespaces are watched, and only each claim's GPU results and the UIDs of the
+  pods it is reserved for are kept);
+- this node's ResourceSlices (`fieldSelector=spec.nodeName=<node>`), of the GPU drivers only.
+
+A collection joins them (`dra.resolve`), recomputed only when one of the caches changed.
+As for the `pods` source, a watch that fails keeps its last objects and the collection
+fails as stale (`collector_success{collector="dra"} 0`, the last allocations still used),
+and so does one that has heard nothing for `stale_after` seconds.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Collection, Mapping
+from typing import Any
+
+from gpuscope.agent.clock import Clock, SystemClock
+from gpuscope.agent.k8s import dra
+from gpuscope.agent.k8s.dra_records import DEFAULT_DRA_DRIVERS, DraSnapshot
+from gpuscope.agent.k8s.listwatch import ListWatch
+from gpuscope.agent.sources import SourceStale, SourceUnavailable
+
+
+class DraSource:
+    name = "dra"
+
+    def __init__(
+        self,
+        client_factory: Callable[[], Any],
+        node_name: str,
+        *,
+        drivers: Collection[str] = DEFAULT_DRA_DRIVERS,
+        sync_timeout: float = 5.0,
+        stale_after: float = 90.0,
+        read_timeout: float = 75.0,
+        clock: Clock | None = None,
+        **watch_options: Any,
+    ) -> None:
+        """`watch_options` go to each `ListWatch` (backoffs, the server-side watch timeout)."""
+        from lightkube.resources.core_v1 import Pod
+        from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
+
+        self._clock = clock or SystemClock()
+        wanted = frozenset(drivers)
+        on_node = {"spec.nodeName": node_name}
+        common: dict[str, Any] = {
+            "read_timeout": read_timeout,
+            "monotonic": self._clock.monotonic,
+            **watch_options,
+        }
+        self.pods: ListWatch[str, dra.PodClaims] = ListWatch(
+            client_factory, Pod, dra.parse_pod, what=f"pods of node {node_name}",
+            namespace="*", fields=on_node, **common,
+        )  # fmt: skip
+        self.claims: ListWatch[dra.ClaimKey, dra.Claim] = ListWatch(
+            client_factory, ResourceClaim, functools.partial(dra.parse_claim, drivers=wanted),
+            what="resourceclaims.resource.k8s.io/v1", namespace="*", **common,
+        )  # fmt: skip
+        self.slices: ListWatch[str, tuple[dra.SliceDevice, ...]] = ListWatch(
+            client_factory, ResourceSlice, functools.partial(dra.parse_slice, drivers=wanted),
+            what=f"resourceslices.resource.k8s.io/v1 of node {node_name}", fields=on_node,
+            **common,
+        )  # fmt: skip
+        self._watches: tuple[ListWatch[Any, Any], ...] = (self.pods, self.claims, self.slices)
+        self._sync_timeout = sync_timeout
+        self._stale_after = stale_after
+        self._started = False
+        self._inputs: tuple[Mapping[Any, Any], ...] = ()
+        self._snapshot = DraSnapshot()
+
+    def start(self) -> None:
+        if not self._started:
+            for watch in self._watches:
+                watch.start()
+            self._started = True
+        for watch in self._watches:  # the first lists, in parallel: one sync timeout in all
+            watch.attempted.wait(self._sync_timeout)
+
+    def collect(self) -> DraSnapshot:
+        for watch in self._watches:
+            if not watch.synced.is_set():
+                raise SourceUnavailable(
+                    f"Kubernetes API: no list of {watch.what} yet: {watch.error or 'waiting'}"
+                )
+        snapshot = self._join()
+        for watch in self._watches:
+            if watch.error is not None:
+                raise SourceStale(f"Kubernetes API: {watch.what}: {watch.error}", snapshot)
+            alive_at = watch.alive_at
+            if alive_at is None or self._clock.monotonic() - alive_at > self._stale_after:
+                raise SourceStale(
+                    f"Kubernetes API: nothing heard on the watch of {watch.what} for over "
+                    f"{self._stale_after:g}s (no event or bookmark); DRA allocations may be "
+                    "out of date, reconnecting",
+                    snapshot,
+                )
+        return snapshot
+
+    def _join(self) -> DraSnapshot:
+        inputs = (self.pods.items(), self.claims.items(), self.slices.items())
+        if len(inputs) != len(self._inputs) or any(
+            a is not b for a, b in zip(inputs, self._inputs, strict=True)
+        ):
+            pods, claims, slices = inputs
+            self._snapshot = dra.resolve(pods.values(), claims, slices.values())
+            self._inputs = inputs
+        return self._snapshot
+
+    def stop(self) -> None:
+        if self._started:
+            # All three asked at once, then one second for all: a watch blocked on a quiet
+            # API server ends only at its read timeout (its thread is a daemon).
+            for watch in self._watches:
+                watch.signal_stop()
+            deadline = time.monotonic() + 1.0
+            for watch in self._watches:
+                watch.stop(timeout=max(0.0, deadline - time.monotonic()))
+            self._started = False

@@ -1,0 +1,229 @@
+"""DRA attribution through the doubles: the `dra` source reads pods, ResourceClaims and
+ResourceSlices from the API server double with the real lightkube client (list + watch,
+field selectors), and an agent joins them with the kubelet double's DRA-style PodResources
+answer, whose CDI names (NVIDIA's driver's) carry no GPU UUID."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuscope.agent.k8s.client import make_client
+from gpuscope.agent.k8s.dra_records import DraSnapshot
+from gpuscope.agent.k8s.dra_source import DraSource
+from gpuscope.agent.sources import SourceStale
+from tests.doubles.kube_apiserver import (
+    KubeApiServer,
+    claim_container,
+    dra_gpu,
+    pod,
+    pod_claim,
+    resource_claim,
+    resource_slice,
+)
+from tests.doubles.kubelet_server import KubeletServer, container, nvidia_claim
+from tests.doubles.kubelet_server import pod as kubelet_pod
+from tests.support import InProcess, wait_for
+
+NODE = "gpu-node-1"
+OTHER = "gpu-node-2"
+GIB = 2**30
+UUIDS = [f"GPU-0b1c2d3e-0000-4000-8000-00000000000{i}" for i in range(4)]
+
+
+@pytest.fixture
+def api() -> Iterator[KubeApiServer]:
+    with KubeApiServer() as server:
+        yield server
+
+
+@pytest.fixture
+def source(api: KubeApiServer, tmp_path: Path) -> Iterator[DraSource]:
+    kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
+    made = DraSource(lambda: make_client(kubeconfig), NODE, backoff_first=0.05, backoff_max=0.2)
+    yield made
+    made.stop()
+
+
+def settled(source: DraSource, check: Callable[[DraSnapshot], bool], what: str) -> DraSnapshot:
+    seen: list[DraSnapshot] = []
+
+    def ok() -> bool:
+        try:
+            seen.append(source.collect())
+        except SourceStale:
+            return False
+        return check(seen[-1])
+
+    wait_for(ok, timeout=10, what=what)
+    return seen[-1]
+
+
+def holders(snap: DraSnapshot) -> set[tuple[str, str, str]]:
+    return {(a.pod, a.container, a.device_uuid) for a in snap.allocations}
+
+
+def test_the_source_follows_claims_and_this_nodes_slices_through_list_and_watch(
+    api: KubeApiServer, source: DraSource
+) -> None:
+    api.create(resource_slice(NODE, [dra_gpu(i, UUIDS[i]) for i in range(4)]))
+    api.create(resource_slice(OTHER, [dra_gpu(0, "GPU-another-node")]))
+    api.create(
+        pod("ml", "a", NODE, uid="ua", containers=[claim_container("main", "g")],
+            resource_claims=[pod_claim("g", claim="shared")])
+    )  # fmt: skip
+    api.create(
+        resource_claim("ml", "shared", results=[("gpu", NODE, "gpu-2")],
+                       reserved_for=[("a", "ua")], node_name=NODE)
+    )  # fmt: skip
+    source.start()
+    snap = settled(source, lambda s: bool(s.allocations), "the first allocation")
+    assert holders(snap) == {("a", "main", UUIDS[2])}
+
+    # Only this node's slices and pods were asked for, by field selector; claims in every
+    # namespace (the API has no field for a claim's node).
+    for resource in ("resourceslices", "pods"):
+        for verb in ("list", "watch"):
+            calls = api.calls(verb, resource)
+            assert calls and all(
+                c.query.get("fieldSelector") == f"spec.nodeName={NODE}" for c in calls
+            ), (verb, resource)
+    assert "gpu.nvidia.com/gpu-node-2" not in str(snap)
+
+    # The claim becomes shared: a second pod on the node is reserved it too (watched).
+    api.create(
+        pod("ml", "b", NODE, uid="ub", containers=[claim_container("side", "g")],
+            resource_claims=[pod_claim("g", claim="shared")])
+    )  # fmt: skip
+    api.modify(
+        "resourceclaims", "ml", "shared",
+        lambda c: c["status"]["reservedFor"].append({"resource": "pods", "name": "b", "uid": "ub"}),
+    )  # fmt: skip
+    snap = settled(source, lambda s: len(s.allocations) == 2, "the shared claim's second pod")
+    assert holders(snap) == {("a", "main", UUIDS[2]), ("b", "side", UUIDS[2])}
+
+    api.delete("resourceclaims", "ml", "shared")
+    settled(source, lambda s: not s.allocations, "the claim's deletion")
+
+
+def test_an_api_outage_keeps_the_last_allocations_and_says_so(
+    api: KubeApiServer, source: DraSource
+) -> None:
+    api.create(resource_slice(NODE, [dra_gpu(0, UUIDS[0])]))
+    api.create(
+        pod("ml", "a", NODE, uid="ua", containers=[claim_container("main", "g")],
+            resource_claims=[pod_claim("g", claim="c")])
+    )  # fmt: skip
+    api.create(resource_claim("ml", "c", results=[("gpu", NODE, "gpu-0")],
+                              reserved_for=[("a", "ua")]))  # fmt: skip
+    source.start()
+    settled(source, lambda s: bool(s.allocations), "the allocation")
+    api.stop()
+    stale: list[SourceStale] = []
+
+    def failed() -> bool:
+        try:
+            source.collect()
+        except SourceStale as exc:
+            stale.append(exc)
+            return True
+        return False
+
+    wait_for(failed, timeout=10, what="the outage seen")
+    assert "\n" not in str(stale[0]) and "Kubernetes API" in str(stale[0])
+    records = stale[0].records
+    assert isinstance(records, DraSnapshot) and holders(records) == {("a", "main", UUIDS[0])}
+    api.start()
+    settled(source, lambda s: bool(s.allocations), "recovery")
+
+
+def dra_pod(
+    api: KubeApiServer, kubelet_pods: list[Any], name: str, devices: list[str]
+) -> tuple[str, str]:
+    """A running pod whose container `main` uses claim `<name>-gpu` (made from a template),
+    allocated `devices` on this node, in the API and as the kubelet reports it."""
+    uid, cid = str(uuid.uuid4()), uuid.uuid4().hex * 2
+    claim = f"{name}-gpu-x4k2p"
+    obj = pod(
+        "ml", name, NODE, uid=uid, containers=[claim_container("main", "gpu")],
+        resource_claims=[pod_claim("gpu", template="one-gpu")],
+        resource_claim_statuses=[{"name": "gpu", "resourceClaimName": claim}],
+    )  # fmt: skip
+    obj["status"]["containerStatuses"] = [
+        {"name": "main", "containerID": f"containerd://{cid}", "ready": True,
+         "image": "trainer", "imageID": "sha256:" + "0" * 64, "restartCount": 0}
+    ]  # fmt: skip
+    api.create(obj)
+    api.create(
+        resource_claim("ml", claim, results=[("gpu", NODE, d) for d in devices],
+                       reserved_for=[(name, uid)], node_name=NODE)
+    )  # fmt: skip
+    kubelet_pods.append(
+        kubelet_pod(
+            "ml",
+            name,
+            container("main", claims=[nvidia_claim(claim, *devices, pool=NODE, namespace="ml")]),
+        )
+    )
+    return uid, cid
+
+
+def test_an_agent_attributes_dra_gpus_to_their_pod_and_container(
+    inprocess: Callable[..., InProcess], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="gpuscope.attribution")
+    procfs = tmp_path / "proc"
+    procfs.mkdir()
+    with KubeletServer() as kubelet, KubeApiServer() as api:
+        env = inprocess(
+            "dgx-h100", "--collectors", "gpu,kubelet,pods,dra",
+            "--kubelet-socket", str(kubelet.socket_path),
+            "--kubeconfig", str(api.kubeconfig(tmp_path / "kubeconfig")),
+            "--procfs", str(procfs), "--node-name", NODE,
+        )  # fmt: skip
+        try:
+            gpus = [env.fake.gpu_uuid(i) for i in range(8)]
+            # GPU 5's device has no uuid attribute: a driver bug, said once, not a crash.
+            devices = [dra_gpu(i, None if i == 5 else gpus[i]) for i in range(8)]
+            api.create(resource_slice(NODE, devices))
+            kubelet_pods: list[Any] = []
+            uid, cid = dra_pod(api, kubelet_pods, "train-0", ["gpu-2", "gpu-3"])
+            dra_pod(api, kubelet_pods, "broken-0", ["gpu-5"])
+            kubelet.set_pods(*kubelet_pods)
+            pid = 4000
+            (procfs / str(pid)).mkdir()
+            (procfs / str(pid) / "cgroup").write_text(
+                "0::/kubepods.slice/kubepods-burstable.slice/"
+                f"kubepods-burstable-pod{uid.replace('-', '_')}.slice/cri-containerd-{cid}.scope\n"
+            )
+            env.fake.add_process(2, pid, 30 * GIB, sm_util=80)
+
+            def attributed() -> bool:
+                env.clock.advance(0.001)
+                return len(env.scrape().series("gpuscope_gpu_allocation_info")) == 2
+
+            wait_for(attributed, timeout=10, what="the DRA allocations")
+            env.advance(2)
+            m = env.scrape()
+            info = {
+                (d["gpu"], d["uuid"], d["namespace"], d["pod"], d["container"])
+                for d in (dict(k) for k in m.series("gpuscope_gpu_allocation_info"))
+            }
+            assert info == {(str(g), gpus[g], "ml", "train-0", "main") for g in (2, 3)}
+            allocated = {k["gpu"]: v for k, v in m.rows("gpuscope_gpu_allocated")}
+            assert allocated == {str(g): 1.0 if g in (2, 3) else 0.0 for g in range(8)}
+            memory = m.rows("gpuscope_pod_gpu_memory_bytes", pod="train-0")
+            assert [(k["gpu"], k["container"], v) for k, v in memory] == [("2", "main", 30.0 * GIB)]
+            assert m.value("gpuscope_collector_success", collector="dra") == 1
+            env.clock.advance(0.001)
+            env.scrape()
+        finally:
+            env.agent.stop()
+    unresolved = [r.getMessage() for r in caplog.records if "broken-0" in r.getMessage()]
+    assert len(unresolved) == 1, unresolved  # once, not once per scrape
+    assert "uuid" in unresolved[0] and "gpu-5" in unresolved[0]
