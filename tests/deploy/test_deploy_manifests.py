@@ -237,6 +237,13 @@ def test_scheduling_probes_and_resources() -> None:
 # --- RBAC and the admission policy --------------------------------------------------------
 
 
+# The dra collector's reads (agent/k8s/dra_source.py): list + watch, never get.
+DRA_RULES = [
+    ("resource.k8s.io", "resourceclaims", frozenset({"list", "watch"})),
+    ("resource.k8s.io", "resourceslices", frozenset({"list", "watch"})),
+]
+
+
 def rules(docs: list[dict[str, Any]]) -> list[tuple[str, str, frozenset[str]]]:
     return [
         (group, resource, frozenset(rule["verbs"]))
@@ -253,6 +260,7 @@ def test_rbac_is_what_the_agent_uses() -> None:
     assert sorted(rules(docs), key=str) == sorted(
         [
             ("", "pods", frozenset({"get", "list", "watch"})),
+            *DRA_RULES,
             ("", "nodes", frozenset({"get", "patch"})),
             (
                 "nfd.k8s-sigs.io",
@@ -295,7 +303,7 @@ def test_admission_policy_names_the_agents_service_account() -> None:
 
 def test_no_node_labels_overlay_has_no_write_access() -> None:
     docs = render("overlays/no-node-labels")
-    assert rules(docs) == [("", "pods", frozenset({"get", "list", "watch"}))]
+    assert rules(docs) == [("", "pods", frozenset({"get", "list", "watch"})), *DRA_RULES]
     assert not find(docs, "ValidatingAdmissionPolicy")
     assert not find(docs, "ValidatingAdmissionPolicyBinding")
     assert not find(docs, "Role") and not find(docs, "RoleBinding")
