@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import ipaddress
 import os
@@ -36,9 +37,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import bcrypt
-import yaml
 
 from gpuscope.agent.options import ConfigError
 
@@ -210,8 +208,10 @@ def load_web_config(path: Path) -> WebConfig:
         text = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    import yaml
+
     try:
-        document = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader: no object tags
+        document = yaml.load(text, Loader=_strict_loader())  # a SafeLoader: no object tags
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {_one_line(exc)}") from None
     try:
@@ -224,19 +224,28 @@ class _Bad(Exception):
     """A problem in the file; the message names the key."""
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key given twice in one mapping (yaml.v2's strict mode)."""
+@functools.cache
+def _strict_loader() -> Any:
+    """A SafeLoader that refuses a key given twice in one mapping (yaml.v2's strict mode).
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} is given twice", key_node.start_mark
-                )
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
+    Built on first use: PyYAML (like bcrypt) is imported only when a web configuration is
+    given, so an agent without one, and scripts/gpu-check on a bare GPU machine, run with
+    neither installed."""
+    import yaml
+
+    class StrictLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key!r} is given twice", key_node.start_mark
+                    )
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return StrictLoader
 
 
 def _build(path: Path, top: dict[str, Any]) -> WebConfig:
@@ -588,6 +597,8 @@ class BasicAuth:
         self._lock = threading.Lock()
         self._bcrypt_lock = threading.Lock()
         cost = int(next(iter(self._users.values()))[4:6]) if self._users else 4
+        import bcrypt
+
         self._decoy = bcrypt.hashpw(b"decoy password", bcrypt.gensalt(cost))
 
     def _key(self, user: str, password: bytes) -> bytes:
@@ -626,6 +637,8 @@ class BasicAuth:
 def _checkpw(password: bytes, hashed: bytes) -> bool:
     """bcrypt reads at most 72 bytes of password; the bcrypt package refuses longer ones
     rather than truncate, so truncate as htpasswd and Go's bcrypt do."""
+    import bcrypt
+
     try:
         return bcrypt.checkpw(password[:72], hashed)
     except ValueError:
