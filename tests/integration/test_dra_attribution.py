@@ -16,11 +16,12 @@ import pytest
 from gpuscope.agent.k8s.client import make_client
 from gpuscope.agent.k8s.dra_records import DraSnapshot
 from gpuscope.agent.k8s.dra_source import DraSource
-from gpuscope.agent.sources import SourceStale
+from gpuscope.agent.sources import SourceStale, SourceUnavailable
 from tests.doubles.kube_apiserver import (
     KubeApiServer,
     claim_container,
     dra_gpu,
+    dra_mig,
     pod,
     pod_claim,
     resource_claim,
@@ -142,6 +143,36 @@ def test_an_api_outage_keeps_the_last_allocations_and_says_so(
     settled(source, lambda s: bool(s.allocations), "recovery")
 
 
+def test_an_api_server_without_resource_k8s_io_v1_is_one_clear_line(
+    api: KubeApiServer, source: DraSource, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Kubernetes before 1.34 serves no resource.k8s.io/v1: what it answers is a 404."""
+    caplog.set_level(logging.WARNING, logger="gpuscope.k8s.listwatch")
+    api.fail_next(
+        1000, 404, path="/apis/resource.k8s.io/v1/resourceslices",
+        message="the server could not find the requested resource",
+    )  # fmt: skip
+    source.start()
+    failures: list[str] = []
+
+    def failed() -> bool:
+        try:
+            source.collect()
+        except SourceUnavailable as exc:
+            failures.append(str(exc))
+            return "resourceslices" in failures[-1] and source.slices.lists == 0
+        return False
+
+    wait_for(failed, timeout=10, what="the slices' failure reported")
+    wait_for(lambda: len(api.calls("list", "resourceslices")) >= 3, what="retries")
+    assert failures[-1] == (
+        "Kubernetes API: no list of resourceslices.resource.k8s.io/v1 of node gpu-node-1 yet: "
+        "the API server does not serve this resource (404)"
+    )
+    logged = [r.getMessage() for r in caplog.records if "resourceslices" in r.getMessage()]
+    assert len(logged) == 1, logged  # once, not once per retry
+
+
 def dra_pod(
     api: KubeApiServer, kubelet_pods: list[Any], name: str, devices: list[str]
 ) -> tuple[str, str]:
@@ -194,6 +225,8 @@ def test_an_agent_attributes_dra_gpus_to_their_pod_and_container(
             kubelet_pods: list[Any] = []
             uid, cid = dra_pod(api, kubelet_pods, "train-0", ["gpu-2", "gpu-3"])
             dra_pod(api, kubelet_pods, "broken-0", ["gpu-5"])
+            # A pod whose claim is still reserved but which the kubelet no longer runs.
+            dra_pod(api, [], "finished-0", ["gpu-7"])
             kubelet.set_pods(*kubelet_pods)
             pid = 4000
             (procfs / str(pid)).mkdir()
@@ -227,3 +260,36 @@ def test_an_agent_attributes_dra_gpus_to_their_pod_and_container(
     unresolved = [r.getMessage() for r in caplog.records if "broken-0" in r.getMessage()]
     assert len(unresolved) == 1, unresolved  # once, not once per scrape
     assert "uuid" in unresolved[0] and "gpu-5" in unresolved[0]
+
+
+def test_a_dra_mig_device_counts_for_its_gpu(
+    inprocess: Callable[..., InProcess], tmp_path: Path
+) -> None:
+    with KubeletServer() as kubelet, KubeApiServer() as api:
+        env = inprocess(
+            "dgx-h100-mig", "--collectors", "gpu,kubelet,pods,dra",
+            "--kubelet-socket", str(kubelet.socket_path),
+            "--kubeconfig", str(api.kubeconfig(tmp_path / "kubeconfig")), "--node-name", NODE,
+        )  # fmt: skip
+        try:
+            gpu6 = env.fake.gpu_uuid(6)
+            mig = env.fake.mig_devices(6)[1]
+            api.create(resource_slice(NODE, [dra_mig(6, gpu6, mig["uuid"], profile=mig["profile"],
+                                                     profile_id=14, start=4, size=2)]))  # fmt: skip
+            kubelet_pods: list[Any] = []
+            device = "gpu-6-mig-14-4-2"
+            dra_pod(api, kubelet_pods, "mig-0", [device])
+            kubelet.set_pods(*kubelet_pods)
+
+            def attributed() -> bool:
+                env.clock.advance(0.001)
+                return bool(env.scrape().series("gpuscope_gpu_allocation_info"))
+
+            wait_for(attributed, timeout=10, what="the MIG allocation")
+            env.clock.advance(0.001)
+            (info,) = [k for k, _ in env.scrape().rows("gpuscope_gpu_allocation_info")]
+            assert (info["gpu"], info["uuid"], info["pod"], info["container"]) == (
+                "6", gpu6, "mig-0", "main",
+            )  # fmt: skip
+        finally:
+            env.agent.stop()
