@@ -39,6 +39,16 @@ graceful=True)` scripts the kubelet-confirmed two-step), managedFields, strict f
         api.add_node("n1", labels={"a": "b"})
         api.add_pod("default", "train-0", "n1", labels={"job": "x"})
         api.kubeconfig(tmp_path / "kubeconfig")  # or host=api.url, any bearer token
+
+Dynamic Resource Allocation (`resource.k8s.io/v1` only): ResourceClaims (namespaced, with a
+status subresource, no field selector beyond name and namespace) and ResourceSlices
+(cluster-scoped, selected by `spec.nodeName` and `spec.driver`); `resource_slice`, `dra_gpu`
+and `dra_mig` build what NVIDIA's driver publishes, `resource_claim` an allocated claim,
+`pod_claim` and `claim_container` a pod's use of it:
+
+        api.create(resource_slice("n1", [dra_gpu(0, "GPU-...")]))
+        api.create(resource_claim("ml", "c", results=[("gpu", "n1", "gpu-0")],
+                                  reserved_for=[("train-0", pod_uid)]))
 """
 
 from __future__ import annotations
