@@ -140,11 +140,15 @@ def parse_slice(
     return name, tuple(devices)
 
 
-def parse_claim(obj: Mapping[str, Any], drivers: Collection[str]) -> tuple[ClaimKey, Claim | None]:
+def parse_claim(
+    obj: Mapping[str, Any], drivers: Collection[str], node_name: str = ""
+) -> tuple[ClaimKey, Claim | None]:
     """A ResourceClaim's GPU results and the pods it is reserved for; None while it is not
-    allocated, or allocated no GPU."""
+    allocated, allocated no GPU, or (with `node_name`) allocated on another node."""
     meta, status = _map(obj.get("metadata")), _map(obj.get("status"))
     key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+    if node_name and not _may_be_on(_at(status, "allocation", "nodeSelector"), node_name):
+        return key, None
     devices = _at(status, "allocation", "devices", "results")
     results = tuple(
         AllocatedDevice(
@@ -164,6 +168,29 @@ def parse_claim(obj: Mapping[str, Any], drivers: Collection[str]) -> tuple[Claim
         if ref.get("uid") and ref.get("resource", "pods") == "pods" and not ref.get("apiGroup")
     )
     return key, Claim(namespace=key[0], name=key[1], results=results, reserved_for=reserved)
+
+
+def _may_be_on(selector: Any, node_name: str) -> bool:
+    """False only where the allocation's node selector pins it to other nodes by name.
+
+    For devices of a slice with `spec.nodeName` the scheduler's allocator writes exactly
+    that: one term, `matchFields` `metadata.name In [<node>]`. Every other shape (no
+    selector: devices reachable from any node; label expressions) is kept, since a node's
+    labels are not known here; the join still needs this node's slices to name a device.
+    """
+    terms = _strings(_at(selector, "nodeSelectorTerms"))
+    if not terms:
+        return True
+    for term in terms:
+        fields = list(_strings(term.get("matchFields")))
+        by_name = [
+            f for f in fields if f.get("key") == "metadata.name" and f.get("operator") == "In"
+        ]
+        if term.get("matchExpressions") or not fields or len(by_name) != len(fields):
+            return True  # a shape not read here: kept
+        if all(node_name in (f.get("values") or ()) for f in by_name):
+            return True
+    return False
 
 
 def parse_pod(obj: Mapping[str, Any]) -> tuple[str, PodClaims | None]:

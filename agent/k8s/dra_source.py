@@ -4,8 +4,9 @@ Three list + watch caches (agent/k8s/listwatch.py), each on its own thread:
 
 - this node's pods that use claims (`fieldSelector=spec.nodeName=<node>`);
 - every ResourceClaim (`resource.k8s.io/v1`; the API has no field selector for a claim's
-  node, so all namespaces are watched, and only each claim's GPU results and the UIDs of the
-  pods it is reserved for are kept);
+  node, so all namespaces are watched), keeping only claims allocated GPUs on this node
+  (their allocation's node selector), and of those only the GPU results and the UIDs of the
+  pods each is reserved for;
 - this node's ResourceSlices (`fieldSelector=spec.nodeName=<node>`), of the GPU drivers only.
 
 A collection joins them (`dra.resolve`), recomputed only when one of the caches changed.
@@ -59,8 +60,9 @@ class DraSource:
             client_factory, Pod, dra.parse_pod, what=f"pods of node {node_name}",
             namespace="*", fields=on_node, **common,
         )  # fmt: skip
+        parse_claim = functools.partial(dra.parse_claim, drivers=wanted, node_name=node_name)
         self.claims: ListWatch[dra.ClaimKey, dra.Claim] = ListWatch(
-            client_factory, ResourceClaim, functools.partial(dra.parse_claim, drivers=wanted),
+            client_factory, ResourceClaim, parse_claim,
             what="resourceclaims.resource.k8s.io/v1", namespace="*", **common,
         )  # fmt: skip
         self.slices: ListWatch[str, tuple[dra.SliceDevice, ...]] = ListWatch(

@@ -195,3 +195,19 @@ def test_pods_without_claims_and_malformed_objects_keep_nothing() -> None:
     mangled["spec"]["resourceClaims"] = [{"name": "g", "resourceClaimName": "x"}, "junk"]
     (_, claims) = dra.parse_pod(mangled)
     assert claims is not None and claims.containers == () and dict(claims.claims) == {"g": "x"}
+
+
+def test_a_claim_allocated_on_another_node_is_not_kept() -> None:
+    """The watch sees every claim of the cluster: only this node's are held in memory."""
+    here = resource_claim("ml", "here", results=[("gpu", NODE, "gpu-0")], node_name=NODE)
+    there = resource_claim("ml", "there", results=[("gpu", "n9", "gpu-0")], node_name="n9")
+    anywhere = resource_claim("ml", "anywhere", results=[("gpu", "fabric", "gpu-0")])
+    kept = {
+        name: dra.parse_claim(c, DEFAULT_DRA_DRIVERS, NODE)[1] is not None
+        for name, c in (("here", here), ("there", there), ("anywhere", anywhere))
+    }
+    assert kept == {"here": True, "there": False, "anywhere": True}
+    labelled = resource_claim("ml", "labelled", results=[("gpu", "n9", "gpu-0")], node_name="n9")
+    term = labelled["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"][0]
+    term["matchExpressions"] = [{"key": "pool", "operator": "In", "values": ["a"]}]
+    assert dra.parse_claim(labelled, DEFAULT_DRA_DRIVERS, NODE)[1] is not None  # not read: kept
