@@ -3,8 +3,9 @@
 driver's ResourceSlices.
 
 Off by default, on with `--collectors ...,dra`: the API offers no field selector for a
-claim's node, so the collector watches every ResourceClaim of the cluster, a cost a cluster
-that allocates GPUs through the device plugin should not pay on every node; and an API server
+claim's node, so the collector watches every ResourceClaim of the cluster (keeping only this
+node's), and every claim change then reaches every node's agent, a load on the API server a
+cluster that allocates GPUs through the device plugin should not pay; and an API server
 before 1.34 serves no `resource.k8s.io/v1` at all (the collector then fails with one line
 saying so). It renders nothing itself: the attribution stage joins its records with the
 kubelet's and the GPUs'.
