@@ -6,6 +6,7 @@ answer, whose CDI names (NVIDIA's driver's) carry no GPU UUID."""
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -90,6 +91,10 @@ def test_the_source_follows_claims_and_this_nodes_slices_through_list_and_watch(
     # namespace (the API has no field for a claim's node).
     for resource in ("resourceslices", "pods"):
         for verb in ("list", "watch"):
+            # A watch follows its list; on a loaded machine it may not be open yet.
+            deadline = time.monotonic() + 10
+            while not api.calls(verb, resource) and time.monotonic() < deadline:
+                time.sleep(0.02)
             calls = api.calls(verb, resource)
             assert calls and all(
                 c.query.get("fieldSelector") == f"spec.nodeName={NODE}" for c in calls
