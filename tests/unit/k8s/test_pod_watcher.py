@@ -208,8 +208,11 @@ def test_watches_cut_at_once_back_off_instead_of_spinning(make_source: MakeSourc
     # A busy loop would have opened hundreds; the backoff (0.05 s doubling to 0.2 s here,
     # 1 s to 30 s by default) allows a handful.
     assert len(server.calls("watch", "pods")) <= 12
-    assert (
-        source.watcher.error is not None and "ended the pod watch at once" in source.watcher.error
+    # Between a relist that succeeds and the next watch that ends at once, `error` is None
+    # for a moment: wait for the error rather than sample it.
+    wait_for(
+        lambda: "ended the pod watch at once" in (source.watcher.error or ""),
+        what="the watcher to report watches ended at once",
     )
     server.max_watch_seconds = None
     server.add_pod("ml", "bert-0", node=NODE)
