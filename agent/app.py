@@ -174,6 +174,7 @@ class Agent:
             config.agent.procfs,
             gpu_resource_names=config.attribution.gpu_resource_names,
             clock=self.clock,
+            options=config.attribution,
         )
         self.registry = CollectorRegistry(auto_describe=False)
         self.collector = GpuscopeCollector(self.collect, config)

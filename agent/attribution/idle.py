@@ -15,7 +15,8 @@ The allocation's start is when this agent first saw it in the kubelet's answer: 
 kubelet poll of the container's start, or the agent's own start for older allocations (what
 happened before the agent ran is not known, so it is not claimed). A GPU shared by several
 workloads (time-slicing) splits its idle seconds between them equally, so the counters still
-add up to the GPU's idle time.
+add up to the GPU's idle time. A MIG device counts its GPU instance's idle time (from GPM)
+times its share of the GPU: seven idle 1g instances add up to one idle GPU.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class GpuIdleInput:
     uuid: str
     idle_integral: float | None  # the sampler's idle seconds (None: utilization unknown)
     last_active: float | None  # wall time of the last sample above the threshold
+    weight: float = 1.0  # the device's share of a GPU (a MIG device's: agent/attribution/mig.py)
 
 
 def idle_key(holding: GpuHolding) -> IdleKey:
@@ -88,7 +90,7 @@ class IdleAccountant:
             gauges[gpu.uuid] = max(0.0, now - since)
             previous = self._baseline.get(gpu.uuid)
             if previous is not None and gpu.idle_integral > previous:
-                share = (gpu.idle_integral - previous) / len(workloads)
+                share = (gpu.idle_integral - previous) * gpu.weight / len(workloads)
                 for w in workloads:
                     self._totals[w] += share
             self._baseline[gpu.uuid] = gpu.idle_integral

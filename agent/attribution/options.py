@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpuscope.agent.attribution.activity import DEFAULT_BUSY_THRESHOLD, DEFAULT_SM_THRESHOLD
 from gpuscope.agent.k8s.podresources.gpus import DEFAULT_GPU_RESOURCES
 from gpuscope.agent.options import ConfigError, flag, names
 
@@ -15,6 +16,10 @@ def _resources(flag_name: str, text: str) -> tuple[str, ...]:
     return found
 
 
+def _ratio(v: float) -> str | None:
+    return None if 0 <= v <= 1 else f"expected a ratio from 0 to 1, got {v:g}"
+
+
 @dataclass(frozen=True, slots=True)
 class AttributionOptions:
     gpu_resource_names: tuple[str, ...] = flag(
@@ -22,4 +27,16 @@ class AttributionOptions:
         "comma-separated extended resources that are GPUs, besides nvidia.com/mig-* (add "
         "renamed shared resources such as nvidia.com/gpu.shared)",
         parse=_resources,
+    )
+    # gpuscope_workload_gpu_low_activity_seconds_total (agent/attribution/activity.py).
+    low_activity_busy_threshold: float = flag(
+        DEFAULT_BUSY_THRESHOLD,
+        "NVML utilization ratio (0-1) at or above which an allocated GPU counts as busy for "
+        "the low-activity seconds",
+        check=_ratio,
+    )
+    low_activity_sm_threshold: float = flag(
+        DEFAULT_SM_THRESHOLD,
+        "GPM SM-active ratio (0-1) below which a busy allocated GPU counts as low-activity",
+        check=_ratio,
     )

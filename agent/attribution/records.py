@@ -31,6 +31,7 @@ class GpuHolding:
     pod: str
     container: str
     workload: Workload
+    mig_uuid: str = ""  # the MIG device held, "" for a whole GPU or a share of one
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +68,30 @@ class PodName:
     containers: Mapping[str, str] = field(default_factory=dict)  # runtime id -> name
 
 
+@dataclass(frozen=True, slots=True)
+class MigStatus:
+    """Per MIG device, what GpuStatus says of a GPU: MIG has no NVML utilization, so idle
+    comes from its GPU instance's GPM graphics-engine activity. Present only while the
+    kubelet answers; `idle_seconds` None where the GPU has no GPM."""
+
+    gpu: int
+    uuid: str  # the parent GPU
+    mig_uuid: str
+    allocated: bool
+    idle_seconds: float | None
+    busy_seconds: float | None  # GPM graphics-engine activity integrated (the GPU instance's)
+
+
+@dataclass(frozen=True, slots=True)
+class PodEnergy:
+    """The GPU energy credited to one pod on one GPU since the pod was first seen on it."""
+
+    gpu: int
+    uuid: str
+    pod: PodRef  # uid "" where the API never named the pod (names from the kubelet)
+    joules: float
+
+
 IdleKey = tuple[str, str, str]  # namespace, workload kind, workload
 
 
@@ -77,6 +102,10 @@ class Attribution:
     usage: tuple[PodGpuUsage, ...] = ()
     pods: tuple[PodRef, ...] = ()  # pods that hold a GPU, run GPU processes or have traffic
     idle_seconds_total: Mapping[IdleKey, float] = field(default_factory=dict)
+    migs: tuple[MigStatus, ...] = ()
+    # Seconds allocated GPUs were busy by NVML while their SM activity stayed low (GPM).
+    low_activity_seconds_total: Mapping[IdleKey, float] = field(default_factory=dict)
+    energy: tuple[PodEnergy, ...] = ()
     # Every pod the Kubernetes API named, by UID (one mapping per pod list, shared by
     # scrapes): how network records, keyed by pod UID, get their names. Empty until the API
     # answers; pods it lacks keep only `pod_uid`.

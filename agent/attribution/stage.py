@@ -15,12 +15,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TypeVar
 
+from gpuscope.agent.attribution import mig
+from gpuscope.agent.attribution.activity import ActivityInput, LowActivityAccountant
+from gpuscope.agent.attribution.energy import EnergyAccountant
 from gpuscope.agent.attribution.idle import GpuIdleInput, IdleAccountant
+from gpuscope.agent.attribution.options import AttributionOptions
 from gpuscope.agent.attribution.processes import Dropped, process_pod
 from gpuscope.agent.attribution.records import (
     Attribution,
     GpuHolding,
     GpuStatus,
+    MigStatus,
+    PodEnergy,
     PodGpuUsage,
     PodName,
     PodRef,
@@ -53,11 +59,18 @@ class Attributor:
         gpu_resource_names: Sequence[str] = DEFAULT_GPU_RESOURCES,
         clock: Clock | None = None,
         idle: IdleAccountant | None = None,
+        options: AttributionOptions | None = None,
     ) -> None:
         self._procfs = procfs
         self._resources = tuple(gpu_resource_names)
         self._clock = clock or SystemClock()
         self._idle = idle or IdleAccountant()
+        opts = options or AttributionOptions()
+        self._low = LowActivityAccountant(
+            opts.low_activity_busy_threshold, opts.low_activity_sm_threshold
+        )
+        self._energy = EnergyAccountant()
+        self._mig_active = mig.LastActive()
         self._lock = threading.Lock()
         self._pods: Mapping[str, PodMeta] = {}  # last answer of the pods source, by UID
         # Derived from `_pods`, rebuilt only when the pod list changes (not every scrape).
@@ -91,11 +104,16 @@ class Attributor:
 
         usage = self._usage(readings, by_uid, holders)
         statuses: tuple[GpuStatus, ...] = ()
+        migs: tuple[MigStatus, ...] = ()
+        energy: tuple[PodEnergy, ...] = ()
         if holdings is not None:
             refused = gpu.processes_refused if gpu is not None else frozenset()
-            statuses = self._statuses(readings, holders, usage, refused)
+            statuses, migs = self._statuses(readings, holders, usage, refused)
+            energy = self._energy.evaluate(readings, holders, usage, _refs(holdings, by_name))
         else:
             self._idle.forget_baselines()
+            self._low.forget_baselines()
+            self._energy.forget_baselines()
 
         net = collection.records(NET)
         pod_uids = {u.pod.uid for u in usage}
@@ -112,6 +130,9 @@ class Attributor:
             usage=usage,
             pods=pods,
             idle_seconds_total=self._idle.totals() if holdings is not None else {},
+            migs=migs,
+            low_activity_seconds_total=self._low.totals() if holdings is not None else {},
+            energy=energy,
             pod_names=self._net_names,
             dropped=self._fs.counts(),
         )
@@ -129,6 +150,13 @@ class Attributor:
         migs = {m.mig_uuid: r.identity.uuid for r in gpu.gpus for m in r.mig_instances}
         match = match_gpus(kubelet.pods, self._resources, gpu_uuids=index, mig_uuids=migs)
         allocations = [(a.uuid, a.namespace, a.pod, a.container) for a in match.allocations]
+        mig_names = mig.mig_ids(gpu.gpus)
+        held_migs = {  # the MIG devices of each allocation above (DRA's: none yet)
+            (a.uuid, a.namespace, a.pod, a.container, mig_names.get(a.mig_uuid, a.mig_uuid))
+            for a in match.allocations
+            if a.mig_uuid
+        }
+        by_mig = {h[:4] for h in held_migs}
         if dra is not None:
             allocations.extend(self._dra_allocations(dra, kubelet, index, migs))
         for miss in match.unmatched:
@@ -147,7 +175,12 @@ class Attributor:
             meta = by_name.get((namespace, pod))
             workload = meta.workload if meta is not None else NO_WORKLOAD
             holding = GpuHolding(index[uuid], uuid, namespace, pod, container, workload)
-            out[holding] = None  # a container holding two MIG instances of one GPU: once
+            if (uuid, namespace, pod, container) not in by_mig:
+                out[holding] = None
+        for uuid, namespace, pod, container, mig_uuid in sorted(held_migs):
+            meta = by_name.get((namespace, pod))
+            workload = meta.workload if meta is not None else NO_WORKLOAD
+            out[GpuHolding(index[uuid], uuid, namespace, pod, container, workload, mig_uuid)] = None
         return tuple(out)
 
     def _dra_allocations(
@@ -191,8 +224,11 @@ class Attributor:
     ) -> tuple[PodGpuUsage, ...]:
         memory: dict[tuple[int, str, str, str], int | None] = {}
         util: dict[tuple[int, str, str, str], float | None] = {}
+        in_mig: dict[tuple[int, str, str, str], set[tuple[str, int]]] = defaultdict(set)
+        mig_users: dict[tuple[str, int], set[tuple[int, str, str, str]]] = defaultdict(set)
         for reading in readings:
             uuid, gpu = reading.identity.uuid, reading.identity.index
+            gi_of = {m.mig_uuid: m.gpu_instance for m in reading.mig_instances}
             for proc in reading.processes:
                 owner = self._owner(proc.pid)
                 if owner is None:
@@ -200,6 +236,10 @@ class Attributor:
                 key = (gpu, uuid, owner.pod_uid, owner.container_id or "")
                 memory[key] = _add(memory.get(key, 0), proc.used_memory_bytes)
                 util[key] = _add(util.get(key, 0.0), proc.sm_utilization_ratio)
+                if proc.mig_uuid in gi_of:
+                    in_mig[key].add((uuid, gi_of[proc.mig_uuid]))
+                    mig_users[(uuid, gi_of[proc.mig_uuid])].add(key)
+        util.update(_mig_utilization(readings, in_mig, mig_users))
         usage = []
         for key in sorted(memory):
             gpu, uuid, pod_uid, container_id = key
@@ -234,7 +274,7 @@ class Attributor:
         holders: Mapping[str, list[GpuHolding]],
         usage: Sequence[PodGpuUsage],
         refused: frozenset[str] = frozenset(),
-    ) -> tuple[GpuStatus, ...]:
+    ) -> tuple[tuple[GpuStatus, ...], tuple[MigStatus, ...]]:
         unallocated: dict[str, int] = defaultdict(int)
         for u in usage:
             if u.memory_bytes is None:
@@ -245,16 +285,49 @@ class Attributor:
             elif u.pod.name and (u.pod.namespace, u.pod.name) not in held_by:
                 unallocated[u.uuid] += u.memory_bytes  # a pod using a GPU it was not given
             # A pod whose name the API never gave cannot be compared: not counted.
+        now, monotonic = self._clock.time(), self._clock.monotonic()
+        # MIG devices are accounted as devices of their own, keyed by MIG UUID, with GPM's
+        # idle time of their GPU instance and their share of the GPU (agent/attribution/mig.py).
+        devices = {m.mig_uuid: (r, m) for r in readings for m in r.mig_instances}
+        by_device: dict[str, list[GpuHolding]] = dict(holders)
+        for h in (h for hs in holders.values() for h in hs if h.mig_uuid):
+            by_device.setdefault(h.mig_uuid, []).append(h)
+        weight = {u: w for r in readings if r.mig_instances for u, w in mig.shares(r).items()}
+        last_active = self._mig_active.update({u: m for u, (_, m) in devices.items()}, now)
+        mig_inputs = [
+            GpuIdleInput(
+                u,
+                m.integrals.idle_seconds if m.integrals is not None else None,
+                last_active.get(u),
+                weight.get(u, 0.0),
+            )
+            for u, (_, m) in devices.items()
+        ]
+        gpu_inputs = [
+            GpuIdleInput(r.identity.uuid, r.idle_seconds, r.last_active_timestamp) for r in readings
+        ]
         gauges = self._idle.evaluate(
-            (
-                GpuIdleInput(r.identity.uuid, r.idle_seconds, r.last_active_timestamp)
-                for r in readings
-            ),
-            holders,
-            now=self._clock.time(),
-            monotonic=self._clock.monotonic(),
+            [*gpu_inputs, *mig_inputs], by_device, now=now, monotonic=monotonic
         )
-        return tuple(
+        self._low.evaluate(
+            [
+                *(
+                    ActivityInput(r.identity.uuid, r.busy_seconds, r.sm_active_seconds)
+                    for r in readings
+                    if not r.mig_instances
+                ),
+                *(
+                    ActivityInput(
+                        u, m.integrals.busy_seconds, m.integrals.sm_active_seconds, weight[u]
+                    )
+                    for u, (_, m) in devices.items()
+                    if m.integrals is not None
+                ),
+            ],
+            by_device,
+            monotonic=monotonic,
+        )
+        statuses = tuple(
             GpuStatus(
                 gpu=r.identity.index,
                 uuid=r.identity.uuid,
@@ -266,6 +339,42 @@ class Attributor:
             )
             for r in readings
         )
+        migs = tuple(
+            MigStatus(
+                gpu=r.identity.index,
+                uuid=r.identity.uuid,
+                mig_uuid=u,
+                allocated=any(h.mig_uuid == u for h in holders.get(r.identity.uuid, [])),
+                idle_seconds=gauges.get(u),
+                busy_seconds=m.integrals.busy_seconds if m.integrals is not None else None,
+            )
+            for u, (r, m) in devices.items()
+        )
+        return statuses, migs
+
+
+def _mig_utilization(
+    readings: Sequence[GpuReading],
+    in_mig: Mapping[tuple[int, str, str, str], set[tuple[str, int]]],
+    mig_users: Mapping[tuple[str, int], set[tuple[int, str, str, str]]],
+) -> dict[tuple[int, str, str, str], float | None]:
+    """On MIG, NVML has no per-process utilization: a container whose processes all run in
+    one GPU instance, and are its only ones, gets that instance's GPM graphics-engine
+    activity (GPM samples GPU instances, so two containers in one cannot be told apart)."""
+    activity = {
+        (r.identity.uuid, m.gpu_instance): m.gpm.graphics_engine_active
+        for r in readings
+        for m in r.mig_instances
+        if m.gpm is not None
+    }
+    out: dict[tuple[int, str, str, str], float | None] = {}
+    for key, instances in in_mig.items():
+        if len(instances) != 1:
+            continue
+        (gi,) = instances
+        if mig_users.get(gi) == {key} and activity.get(gi) is not None:
+            out[key] = activity[gi]
+    return out
 
 
 N = TypeVar("N", int, float)
@@ -280,6 +389,19 @@ def _add(total: N | None, value: N | None) -> N | None:
 
 def _ref(meta: PodMeta) -> PodRef:
     return PodRef(meta.uid, meta.namespace, meta.name, meta.workload)
+
+
+def _refs(
+    holdings: Sequence[GpuHolding], by_name: Mapping[tuple[str, str], PodMeta]
+) -> dict[tuple[str, str], PodRef]:
+    """Each holder pod as users name it: the API's pod, else the kubelet's names alone."""
+    out: dict[tuple[str, str], PodRef] = {}
+    for h in holdings:
+        meta = by_name.get((h.namespace, h.pod))
+        out[(h.namespace, h.pod)] = (
+            _ref(meta) if meta is not None else PodRef("", h.namespace, h.pod, h.workload)
+        )
+    return out
 
 
 def _container_name(meta: PodMeta | None, container_id: str, holders: list[GpuHolding]) -> str:

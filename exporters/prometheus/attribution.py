@@ -7,12 +7,14 @@ from gpuscope.exporters.prometheus.families import Families
 
 
 def render_attribution(att: Attribution, out: Families) -> None:
+    allocations: dict[tuple[str, ...], None] = {}  # two MIG devices of one GPU: one series
     for h in att.holdings:
-        out.add(
-            "gpuscope_gpu_allocation_info",
-            (str(h.gpu), h.uuid, h.namespace, h.pod, h.container, h.workload.kind, h.workload.name),
-            1,
-        )
+        holder = (h.namespace, h.pod, h.container, h.workload.kind, h.workload.name)
+        allocations[(str(h.gpu), h.uuid, *holder)] = None
+        if h.mig_uuid:
+            out.add("gpuscope_mig_allocation_info", (str(h.gpu), h.uuid, h.mig_uuid, *holder), 1)
+    for allocation in allocations:
+        out.add("gpuscope_gpu_allocation_info", allocation, 1)
     for g in att.gpus:
         gpu = (str(g.gpu), g.uuid)
         out.add("gpuscope_gpu_allocated", gpu, 1 if g.allocated else 0)
@@ -20,6 +22,13 @@ def render_attribution(att: Attribution, out: Families) -> None:
             out.add("gpuscope_gpu_unallocated_memory_bytes", gpu, g.unallocated_memory_bytes)
         if g.idle_seconds is not None:
             out.add("gpuscope_gpu_allocated_idle_seconds", gpu, g.idle_seconds)
+    for m in att.migs:
+        mig = (str(m.gpu), m.uuid, m.mig_uuid)
+        out.add("gpuscope_mig_allocated", mig, 1 if m.allocated else 0)
+        if m.idle_seconds is not None:
+            out.add("gpuscope_mig_allocated_idle_seconds", mig, m.idle_seconds)
+        if m.busy_seconds is not None:
+            out.add("gpuscope_mig_busy_seconds_total", mig, m.busy_seconds)
     for p in att.pods:
         out.add(
             "gpuscope_pod_info",
@@ -43,5 +52,16 @@ def render_attribution(att: Attribution, out: Families) -> None:
             out.add("gpuscope_pod_gpu_utilization_ratio", labels, u.utilization_ratio)
     for (namespace, kind, name), seconds in sorted(att.idle_seconds_total.items()):
         out.add("gpuscope_workload_gpu_idle_seconds_total", (namespace, kind, name), seconds)
+    for (namespace, kind, name), seconds in sorted(att.low_activity_seconds_total.items()):
+        out.add(
+            "gpuscope_workload_gpu_low_activity_seconds_total", (namespace, kind, name), seconds
+        )
+    for e in att.energy:
+        out.add(
+            "gpuscope_pod_gpu_energy_joules_total",
+            (str(e.gpu), e.uuid, e.pod.namespace, e.pod.name, e.pod.uid,
+             e.pod.workload.kind, e.pod.workload.name),
+            e.joules,
+        )  # fmt: skip
     for reason, count in att.dropped.items():
         out.add("gpuscope_inputs_dropped_total", ("attribution", reason), count)

@@ -10,6 +10,8 @@ from gpuscope.agent.attribution.records import (
     Attribution,
     GpuHolding,
     GpuStatus,
+    MigStatus,
+    PodEnergy,
     PodGpuUsage,
     PodRef,
 )
@@ -28,12 +30,19 @@ WORKER = PodRef("0b8e6a9c-1d2f-4e3a-8b7c-6d5e4f3a2b1c", "ml-team", "llama-ft-wor
 POD_A = PodRef("7f6e5d4c-3b2a-4190-8f7e-6d5c4b3a2910", "research", "notebook-a-5d9f-abcde", NB_A)
 POD_B = PodRef("1a2b3c4d-5e6f-4a7b-8c9d-0e1f2a3b4c5d", "research", "notebook-b-77c4-fghij", NB_B)
 HOST = PodRef("", "", "", Workload("", ""))
+G5 = "GPU-5d4c3b2a-1f0e-4d9c-8b7a-6f5e4d3c2b1a"
+MIG_A = "MIG-0a1b2c3d-4e5f-5a6b-8c7d-9e0f1a2b3c4d"
+MIG_B = "MIG-1b2c3d4e-5f6a-5b7c-9d8e-0f1a2b3c4d5e"
+VLLM = Workload("Deployment", "vllm")
 
 ATTRIBUTION = Attribution(
     holdings=(
         GpuHolding(0, G0, "ml-team", "llama-ft-worker-0", "pytorch", JOB),
         GpuHolding(6, G6, "research", "notebook-a-5d9f-abcde", "lab", NB_A),
         GpuHolding(6, G6, "research", "notebook-b-77c4-fghij", "lab", NB_B),
+        # One container holding two MIG devices of GPU 5: one allocation series, two MIG ones.
+        GpuHolding(5, G5, "infer", "vllm-0", "server", VLLM, MIG_A),
+        GpuHolding(5, G5, "infer", "vllm-0", "server", VLLM, MIG_B),
     ),
     gpus=(
         GpuStatus(0, G0, True, 2 * 2**30, 0.0),
@@ -52,6 +61,16 @@ ATTRIBUTION = Attribution(
         ("research", "Deployment", "notebook-b"): 915.25,
         ("ml-team", "PyTorchJob", "llama-ft"): 0.0,
     },
+    migs=(
+        MigStatus(5, G5, MIG_A, True, 42.5, 1234.25),
+        MigStatus(5, G5, MIG_B, True, 0.0, None),  # no GPM: no busy counter
+    ),
+    low_activity_seconds_total={("ml-team", "PyTorchJob", "llama-ft"): 120.5},
+    energy=(
+        PodEnergy(0, G0, WORKER, 5_400_000.0),
+        PodEnergy(6, G6, POD_A, 1000.0),
+        PodEnergy(6, G6, POD_B, 2500.5),
+    ),
     dropped={"unreadable": 1, "loop": 0, "too_large": 0, "invalid": 0},
 )
 
