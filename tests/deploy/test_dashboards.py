@@ -39,6 +39,7 @@ RANGE_PANELS = {
     ("gpu-fleet", "GPU-hours wasted"),
     ("gpu-fleet", "GPU-hours wasted by namespace"),
     ("gpu-fleet", "GPU-hours wasted by workload"),
+    ("gpu-fleet", "GPU-hours busy, SMs idle"),
     ("training-job", "Idle GPU-hours"),
     ("training-job", "Stragglers"),
 }
