@@ -9,7 +9,9 @@ them GPU processes (8 GPUs, two time-sliced shares each). Prints, for docs/perfo
     rendering), median and p90 over N scrapes, and the same for a GPU-only agent on the same
     node in the same run (the baseline);
   * the agent's RSS and anonymous memory after the scrapes;
-  * the series count.
+  * the series count;
+  * the attribution stage alone on one collection, and the part of it the GPM-era accounts
+    take (MIG devices' last activity, low-activity seconds, energy per pod: issue #13).
 Budgets (issue #4): render <= 25 ms median; RSS <= 180 MB, anonymous <= 100 MB.
 """
 
@@ -117,6 +119,43 @@ def render_times(full: Agent, gpu_only: Agent, n: int) -> tuple[list[float], lis
     return times, base
 
 
+def _timed(obj: object, name: str, spent: list[float]) -> None:
+    """Wrap obj.name so each call adds its duration to spent[0]."""
+    inner = getattr(obj, name)
+
+    def call(*args: object, **kwargs: object) -> object:
+        t = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            spent[0] += time.perf_counter() - t
+
+    setattr(obj, name, call)
+
+
+def stage_times(full: Agent, n: int) -> tuple[list[float], list[float]]:
+    """The attribution stage on the agent's latest collection, n times: the whole stage and
+    the share of it in the GPM-era accounts (energy per pod, low-activity seconds, MIG last
+    activity), per call."""
+    collection = full.collect().collection
+    att = full.attributor
+    spent = [0.0]
+    for obj, name in (
+        (att._energy, "evaluate"),
+        (att._low, "evaluate"),
+        (att._mig_active, "update"),
+    ):
+        _timed(obj, name, spent)
+    whole, new = [], []
+    for _ in range(n):
+        spent[0] = 0.0
+        t = time.perf_counter()
+        att.attribute(collection)
+        whole.append(time.perf_counter() - t)
+        new.append(spent[0])
+    return whole, new
+
+
 def scrape_times(url: str, n: int) -> tuple[list[float], bytes]:
     body = b""
     for _ in range(5):
@@ -170,6 +209,8 @@ class Measured:
     anon: float
     inproc: list[float]
     inproc_base: list[float]
+    stage: list[float]
+    stage_new: list[float]
 
 
 def measure(
@@ -190,7 +231,20 @@ def measure(
     agent.terminate()
     base.terminate()
     inproc, inproc_base = render_times(full, gpu_only, args.scrapes)
-    return Measured(times, base_times, body, base_body, cpu_share, rss, anon, inproc, inproc_base)
+    stage, stage_new = stage_times(full, 10 * args.scrapes)
+    return Measured(
+        times,
+        base_times,
+        body,
+        base_body,
+        cpu_share,
+        rss,
+        anon,
+        inproc,
+        inproc_base,
+        stage,
+        stage_new,
+    )
 
 
 def report(m: Measured, window: float) -> None:
@@ -213,6 +267,11 @@ def report(m: Measured, window: float) -> None:
           f"{m.cpu_share:.2%} of one core")  # fmt: skip
     print(f"agent RSS {m.rss:.1f} MB, anonymous {m.anon:.1f} MB  "
           "(budget: RSS <= 180 MB, anonymous <= 100 MB)")  # fmt: skip
+    smed, sp90 = summary(m.stage)
+    nmed, np90 = summary(m.stage_new)
+    print(f"attribution stage on one collection: median {smed:.3f} ms, p90 {sp90:.3f} ms; "
+          f"of it energy per pod + low-activity + MIG activity: median {nmed * 1e3:.1f} us, "
+          f"p90 {np90 * 1e3:.1f} us ({nmed / smed:.1%} of the stage)")  # fmt: skip
 
 
 def stop_all(agents: tuple[Agent, Agent], procs: tuple[subprocess.Popen[bytes], ...]) -> None:
