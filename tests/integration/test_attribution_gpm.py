@@ -282,3 +282,20 @@ def test_a_shared_gpu_nobody_runs_on_splits_its_energy_equally(node) -> None:
     m = n.scrape()
     spent = {p: v - energy(start, 2)[p] for p, v in energy(m, 2).items()}
     assert spent == pytest.approx({"nb-a": 3000.0, "nb-b": 3000.0}, rel=0.01)
+
+
+def test_a_mig_device_busy_with_idle_sms_counts_its_share_of_the_gpu(node) -> None:
+    n = node("dgx-h100-mig")
+    fake, by_gi = n.env.fake, migs(n)
+    fake.set_utilization(MIG_GPU, 100)
+    fake.set_gpm_activity(MIG_GPU, graphics=0.9, sm_active=0.02, mig_instance=2)  # spinning
+    fake.set_gpm_activity(MIG_GPU, graphics=0.9, sm_active=0.6, mig_instance=5)  # working
+    mig_pod(n, "ml-team", "spin-3g", "nvidia.com/mig-3g.40gb", by_gi[2])
+    mig_pod(n, "ml-team", "work-2g", "nvidia.com/mig-2g.20gb", by_gi[5])
+    wait_pods(n, {"ml-team/spin-3g", "ml-team/work-2g"})
+    start = settle(n, 2)
+    n.env.advance(140)
+    m = n.scrape()
+    spun = m.value(LOW, workload="spin-3g") - start.value(LOW, workload="spin-3g")
+    assert spun == pytest.approx(140 * 3 / 7, abs=1)  # GPU-seconds: 3 of the 7 slices
+    assert m.value(LOW, workload="work-2g") == 0
