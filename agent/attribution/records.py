@@ -79,7 +79,6 @@ class MigStatus:
     mig_uuid: str
     allocated: bool
     idle_seconds: float | None
-    busy_seconds: float | None  # GPM graphics-engine activity integrated (the GPU instance's)
 
 
 @dataclass(frozen=True, slots=True)

@@ -346,7 +346,6 @@ class Attributor:
                 mig_uuid=u,
                 allocated=any(h.mig_uuid == u for h in holders.get(r.identity.uuid, [])),
                 idle_seconds=gauges.get(u),
-                busy_seconds=m.integrals.busy_seconds if m.integrals is not None else None,
             )
             for u, (r, m) in devices.items()
         )

@@ -27,8 +27,6 @@ def render_attribution(att: Attribution, out: Families) -> None:
         out.add("gpuscope_mig_allocated", mig, 1 if m.allocated else 0)
         if m.idle_seconds is not None:
             out.add("gpuscope_mig_allocated_idle_seconds", mig, m.idle_seconds)
-        if m.busy_seconds is not None:
-            out.add("gpuscope_mig_busy_seconds_total", mig, m.busy_seconds)
     for p in att.pods:
         out.add(
             "gpuscope_pod_info",

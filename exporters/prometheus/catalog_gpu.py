@@ -105,8 +105,19 @@ def _gpm_spec(
 
 
 _GPM_METRICS = tuple(_gpm_spec("gpuscope_gpu_", GPU, f) for f in _GPM_FAMILIES)
-_MIG_GPM_METRICS = tuple(
-    _gpm_spec("gpuscope_mig_", ("gpu", "uuid", "mig_uuid"), f) for f in _GPM_FAMILIES
+_MIG_GPM_METRICS = (
+    *(_gpm_spec("gpuscope_mig_", ("gpu", "uuid", "mig_uuid"), f) for f in _GPM_FAMILIES),
+    MetricSpec(
+        "gpuscope_mig_busy_seconds_total",
+        "counter",
+        "Seconds the MIG device's GPU instance was busy: GPM's graphics-engine activity "
+        "integrated by the sampler (ratio x window), what gpuscope_gpu_busy_seconds_total is "
+        "for a whole GPU (NVML has no utilization samples on MIG). Starts at 0 when the agent "
+        "starts.",
+        ("gpu", "uuid", "mig_uuid"),
+        "gpu",
+        _MIG_GPM_PRESENT,
+    ),
 )
 
 GPU_METRICS: tuple[MetricSpec, ...] = (

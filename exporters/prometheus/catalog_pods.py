@@ -129,17 +129,6 @@ ATTRIBUTION_METRICS: tuple[MetricSpec, ...] = (
         KUBELET_NOTE + MIG_NOTE,
     ),
     MetricSpec(
-        "gpuscope_mig_busy_seconds_total",
-        "counter",
-        "Seconds the MIG device's GPU instance was busy: GPM's graphics-engine activity "
-        "integrated by the sampler (ratio x window), what gpuscope_gpu_busy_seconds_total is "
-        "for a whole GPU (NVML has no utilization samples on MIG). Starts at 0 when the agent "
-        "starts.",
-        MIG,
-        "attribution",
-        KUBELET_NOTE + MIG_NOTE,
-    ),
-    MetricSpec(
         "gpuscope_workload_gpu_low_activity_seconds_total",
         "counter",
         "Busy on paper, idle in fact: GPU-seconds an allocated GPU's NVML utilization averaged "

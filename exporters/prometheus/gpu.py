@@ -173,6 +173,11 @@ def _render_mig(instances: Sequence[MigInstance], dev: DeviceLabels, out: Famili
     for mig in instances:
         if mig.integrals is not None:
             _render_gpm("gpuscope_mig_", (*dev, mig.mig_uuid), mig.gpm, mig.integrals, out)
+    for mig in instances:  # a device fact: served whether or not the kubelet answers
+        if mig.integrals is not None and mig.integrals.busy_seconds is not None:
+            out.add(
+                "gpuscope_mig_busy_seconds_total", (*dev, mig.mig_uuid), mig.integrals.busy_seconds
+            )
 
 
 class _GpmCounters(Protocol):

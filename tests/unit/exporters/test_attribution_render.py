@@ -62,8 +62,8 @@ ATTRIBUTION = Attribution(
         ("ml-team", "PyTorchJob", "llama-ft"): 0.0,
     },
     migs=(
-        MigStatus(5, G5, MIG_A, True, 42.5, 1234.25),
-        MigStatus(5, G5, MIG_B, True, 0.0, None),  # no GPM: no busy counter
+        MigStatus(5, G5, MIG_A, True, 42.5),
+        MigStatus(5, G5, MIG_B, True, 0.0),
     ),
     low_activity_seconds_total={("ml-team", "PyTorchJob", "llama-ft"): 120.5},
     energy=(
