@@ -19,6 +19,7 @@ from gpuscope.agent.attribution.stage import Attributor
 from gpuscope.agent.clock import Clock, SystemClock
 from gpuscope.agent.collector import BuildContext
 from gpuscope.agent.config import Config
+from gpuscope.agent.k8s.pod_cgroup_usage import CgroupRoots, PodCgroupReader
 from gpuscope.agent.registry import BY_NAME
 from gpuscope.agent.scrape import ATTRIBUTION_STAGE, Scrape
 from gpuscope.agent.self_stats import read_process_stats
@@ -151,6 +152,14 @@ class _Stage:
         )
 
 
+def _pod_signals(config: Config, clock: Clock) -> PodCgroupReader:
+    """The per-pod cgroup reader: the net collector's --cgroup-root (else detected under
+    --sysfs), read at most once per GPU sampler tick (--sample-interval) per pod."""
+    net, gpu = config.collector_options.get("net"), config.collector_options.get("gpu")
+    roots = CgroupRoots.detect(config.agent.sysfs, getattr(net, "cgroup_root", None))
+    return PodCgroupReader(roots, clock=clock, interval=getattr(gpu, "sample_interval", 1.0))
+
+
 class Agent:
     def __init__(
         self,
@@ -175,6 +184,7 @@ class Agent:
             gpu_resource_names=config.attribution.gpu_resource_names,
             clock=self.clock,
             options=config.attribution,
+            pod_signals=_pod_signals(config, self.clock),
         )
         self.registry = CollectorRegistry(auto_describe=False)
         self.collector = GpuscopeCollector(self.collect, config)

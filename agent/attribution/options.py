@@ -40,3 +40,10 @@ class AttributionOptions:
         "GPM SM-active ratio (0-1) below which a busy allocated GPU counts as low-activity",
         check=_ratio,
     )
+    # agent/k8s/pod_cgroup_usage.py: pressure, throttling, block I/O and OOM kills per pod.
+    pod_signals_all_pods: bool = flag(
+        False,
+        "read the cgroup signals (gpuscope_pod_pressure_*, _cpu_throttled_*, _io_*, "
+        "_oom_kills_total) of every pod on the node, not only of pods that hold a GPU "
+        "(true/false)",
+    )

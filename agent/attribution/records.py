@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gpuscope.agent.hostfs import Reason
+from gpuscope.agent.k8s.pod_cgroup_usage import PodCgroupUsage
 from gpuscope.agent.k8s.workloads import Workload
 from gpuscope.agent.sources import Collection
 
@@ -91,6 +92,14 @@ class PodEnergy:
     joules: float
 
 
+@dataclass(frozen=True, slots=True)
+class PodSignals:
+    """What the kernel measures of one pod's cgroup (agent/k8s/pod_cgroup_usage.py)."""
+
+    pod: PodRef  # names empty while the Kubernetes API has not named the pod
+    usage: PodCgroupUsage
+
+
 IdleKey = tuple[str, str, str]  # namespace, workload kind, workload
 
 
@@ -113,6 +122,8 @@ class Attribution:
     # processes whose /proc/<pid>/cgroup could not be read or used. Each drop costs that
     # process's pod names, never the others'.
     dropped: Mapping[Reason, int] = field(default_factory=dict)
+    # Pods that hold a GPU (every pod with --pod-signals-all-pods) and have a cgroup here.
+    pod_signals: tuple[PodSignals, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ from gpuscope.agent.attribution.records import (
     PodGpuUsage,
     PodName,
     PodRef,
+    PodSignals,
 )
 from gpuscope.agent.clock import Clock, SystemClock
 from gpuscope.agent.gpu.collector import GPU
@@ -39,6 +40,7 @@ from gpuscope.agent.k8s.cgroups import PodCgroup
 from gpuscope.agent.k8s.collector import KUBELET, PODS
 from gpuscope.agent.k8s.dra_collector import DRA
 from gpuscope.agent.k8s.dra_records import DraSnapshot
+from gpuscope.agent.k8s.pod_cgroup_usage import PodCgroupReader
 from gpuscope.agent.k8s.podresources.gpus import DEFAULT_GPU_RESOURCES, match_gpus
 from gpuscope.agent.k8s.podresources.records import KubeletSnapshot
 from gpuscope.agent.k8s.records import PodMeta
@@ -60,6 +62,7 @@ class Attributor:
         clock: Clock | None = None,
         idle: IdleAccountant | None = None,
         options: AttributionOptions | None = None,
+        pod_signals: PodCgroupReader | None = None,
     ) -> None:
         self._procfs = procfs
         self._resources = tuple(gpu_resource_names)
@@ -70,6 +73,8 @@ class Attributor:
             opts.low_activity_busy_threshold, opts.low_activity_sm_threshold
         )
         self._energy = EnergyAccountant()
+        self._signals = pod_signals  # None: no per-pod cgroup signals
+        self._signals_all = opts.pod_signals_all_pods
         self._mig_active = mig.LastActive()
         self._lock = threading.Lock()
         self._pods: Mapping[str, PodMeta] = {}  # last answer of the pods source, by UID
@@ -124,6 +129,7 @@ class Attributor:
             if meta is not None:
                 pod_uids.add(meta.uid)
         pods = tuple(_ref(by_uid[uid]) for uid in sorted(pod_uids) if uid and uid in by_uid)
+        signals = self._pod_signals(holdings or (), usage, by_uid, by_name)
         return Attribution(
             holdings=holdings or (),
             gpus=statuses,
@@ -135,6 +141,37 @@ class Attributor:
             energy=energy,
             pod_names=self._net_names,
             dropped=self._fs.counts(),
+            pod_signals=signals,
+        )
+
+    def _pod_signals(
+        self,
+        holdings: Sequence[GpuHolding],
+        usage: Sequence[PodGpuUsage],
+        by_uid: Mapping[str, PodMeta],
+        by_name: Mapping[tuple[str, str], PodMeta],
+    ) -> tuple[PodSignals, ...]:
+        """The cgroup signals of the pods that hold a GPU (by the kubelet, or running GPU
+        processes), or of every pod the API lists with --pod-signals-all-pods. The reader
+        reads each pod at most once per interval, so scrapes in between cost a lookup."""
+        if self._signals is None:
+            return ()
+        if self._signals_all:
+            uids = set(by_uid)
+        else:
+            uids = {u.pod.uid for u in usage if u.pod.uid}
+            uids.update(m.uid for h in holdings if (m := by_name.get((h.namespace, h.pod))))
+        try:
+            read = self._signals.read(uids)
+        except Exception as exc:  # noqa: BLE001 - a reader bug costs these signals only
+            self._fs.note("pod cgroups", "invalid", f"pod cgroup signals: {describe(exc)}")
+            return ()
+        return tuple(
+            PodSignals(
+                _ref(by_uid[uid]) if uid in by_uid else PodRef(uid, "", "", NO_WORKLOAD),
+                read[uid],
+            )
+            for uid in sorted(read)
         )
 
     def _holdings(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from gpuscope.agent.attribution.records import Attribution
 from gpuscope.exporters.prometheus.families import Families
+from gpuscope.exporters.prometheus.pod_signals import render_pod_signals
 
 
 def render_attribution(att: Attribution, out: Families) -> None:
@@ -63,3 +64,4 @@ def render_attribution(att: Attribution, out: Families) -> None:
         )  # fmt: skip
     for reason, count in att.dropped.items():
         out.add("gpuscope_inputs_dropped_total", ("attribution", reason), count)
+    render_pod_signals(att, out)

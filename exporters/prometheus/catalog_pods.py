@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gpuscope.exporters.prometheus.catalog_pod_signals import POD_SIGNAL_METRICS
 from gpuscope.exporters.prometheus.spec import GPU, MetricSpec
 
 WORKLOAD = ("workload_kind", "workload")
@@ -157,4 +158,5 @@ ATTRIBUTION_METRICS: tuple[MetricSpec, ...] = (
         KUBELET_NOTE + " GPUs with an energy counter or power reading; `pod_uid` is empty "
         "until the Kubernetes API names the pod.",
     ),
+    *POD_SIGNAL_METRICS,
 )
