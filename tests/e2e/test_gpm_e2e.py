@@ -9,6 +9,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from tests.doubles.fakenvml.control import FakeNvml
 from tests.doubles.kube_apiserver import KubeApiServer
 from tests.doubles.kube_apiserver import pod as pod_manifest
@@ -24,6 +26,8 @@ from tests.e2e.test_prometheus_e2e import (
 )
 from tests.support import AgentProcess
 from tests.support.observability import all_queries, substitute
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 MIG_GPU = 6
 

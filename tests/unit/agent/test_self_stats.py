@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
+import json
 import os
 import resource
-import threading
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -34,24 +35,34 @@ def test_figures_match_what_the_kernel_says_of_this_process() -> None:
 
 
 def test_threads_and_files_are_counted_as_they_come_and_go() -> None:
-    before = read_process_stats()
-    stop = threading.Event()
-    threads = [threading.Thread(target=stop.wait) for _ in range(5)]
-    for t in threads:
-        t.start()
-    try:
-        with contextlib.ExitStack() as files:
-            for _ in range(7):
-                files.enter_context(Path("/dev/null").open())
-            during = read_process_stats()
-    finally:
-        stop.set()
-        for t in threads:
-            t.join()
-    assert before is not None and during is not None
-    assert during.threads == before.threads + 5
-    assert during.python_threads == before.python_threads + 5
-    assert during.open_fds == before.open_fds + 7
+    # In a process of its own: the test runner's threads (other tests' servers and workers
+    # winding down) would move the count under us.
+    code = """
+import contextlib, json, threading
+from pathlib import Path
+from gpuscope.agent.self_stats import read_process_stats
+before = read_process_stats()
+stop = threading.Event()
+threads = [threading.Thread(target=stop.wait) for _ in range(5)]
+for t in threads:
+    t.start()
+with contextlib.ExitStack() as files:
+    for _ in range(7):
+        files.enter_context(Path("/dev/null").open())
+    during = read_process_stats()
+stop.set()
+for t in threads:
+    t.join()
+print(json.dumps([before.threads, during.threads, before.python_threads,
+                  during.python_threads, before.open_fds, during.open_fds]))
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+    threads, threads_during, py, py_during, fds, fds_during = json.loads(out)
+    assert threads_during == threads + 5
+    assert py_during == py + 5
+    assert fds_during == fds + 7
 
 
 def test_no_proc_means_no_figures_not_an_error(tmp_path) -> None:
