@@ -40,6 +40,16 @@ class AttributionOptions:
         "GPM SM-active ratio (0-1) below which a busy allocated GPU counts as low-activity",
         check=_ratio,
     )
+    # Applied by exporters/prometheus/pod_bound.py. The kubelet's default --max-pods is 110
+    # and the largest limits in common use are about 250 (EKS with prefix delegation,
+    # OpenShift, GKE's 256): 512 is twice that, headroom for pods that linger while they
+    # finish, and keeps a dense node's scrape at a few thousand per-pod series.
+    max_pods_per_scrape: int = flag(
+        512,
+        "most pods whose per-pod series one scrape exports (GPU-holding pods first, then by "
+        "network bytes, then by name); the rest are counted in gpuscope_series_dropped_total",
+        check=lambda v: None if 1 <= v <= 100_000 else f"expected 1 to 100000 pods, got {v}",
+    )
     # agent/k8s/pod_cgroup_usage.py: pressure, throttling, block I/O and OOM kills per pod.
     pod_signals_all_pods: bool = flag(
         False,

@@ -23,4 +23,19 @@ INPUT_METRICS: tuple[MetricSpec, ...] = (
         "enabled, from the first scrape (0 until a drop). One log line per failing file and "
         "change of state, never one per scrape.",
     ),
+    MetricSpec(
+        "gpuscope_series_dropped_total",
+        "counter",
+        "Series left out of scrapes to keep them bounded, by the collector or stage that "
+        'rendered them and reason. reason="pod_limit": the per-pod series (every family '
+        "with a pod or pod_uid label) of the pods past --max-pods-per-scrape; pods that "
+        "hold or use a GPU are kept first, then by network bytes sent and received, then "
+        "by namespace and name. Host-level, device and per-workload series are never "
+        "dropped. Counts series per scrape, so rate() > 0 means some pods are not exported.",
+        ("collector", "reason"),
+        "attribution",
+        "The attribution stage and each enabled collector with per-pod series, from the "
+        "first scrape (0 until a drop). One log line when the node goes over the bound and "
+        "one when it is back, never one per scrape.",
+    ),
 )

@@ -23,8 +23,10 @@ from gpuscope.agent.registry import BY_NAME
 from gpuscope.agent.scrape import Scrape
 from gpuscope.agent.self_stats import ProcessStats
 from gpuscope.agent.sources import SourceResult
+from gpuscope.exporters.prometheus import catalog
 from gpuscope.exporters.prometheus.attribution import render_attribution
 from gpuscope.exporters.prometheus.families import Families
+from gpuscope.exporters.prometheus.pod_bound import PodBound, per_pod_sources
 from gpuscope.exporters.prometheus.render import RenderContext, Renderer, renderer_of
 
 log = logging.getLogger("gpuscope.exporter")
@@ -42,6 +44,7 @@ class GpuscopeCollector(Collector):
         self._config = config
         self._renderers = dict(renderers) if renderers is not None else _registered(config)
         self._render_failed: set[str] = set()
+        self._pod_bound = _pod_bound(config)
 
     def describe(self) -> list[Metric]:
         return []  # nothing to describe up front; keeps registration from collecting
@@ -74,6 +77,7 @@ class GpuscopeCollector(Collector):
             _status(out, scraped.attribution_status, scraped.attribution_status.success)
         if attribution is not None:
             self._render("attribution", out, lambda batch: render_attribution(attribution, batch))
+        self._pod_bound.apply(out, catalog.BY_NAME)  # after every per-pod family is rendered
         if scraped.process is not None:
             _process(out, scraped.process)
         return out
@@ -102,6 +106,13 @@ class GpuscopeCollector(Collector):
         self._render_failed.discard(name)
         out.merge(batch)
         return True
+
+
+def _pod_bound(config: Config) -> PodBound:
+    """The bound, with a counter for each enabled collector with per-pod series and for
+    the attribution stage."""
+    sources = per_pod_sources(catalog.METRICS) & {*config.collectors, "attribution"}
+    return PodBound(config.attribution.max_pods_per_scrape, sources)
 
 
 def _registered(config: Config) -> dict[str, Renderer[Any, Any]]:

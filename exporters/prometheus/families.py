@@ -19,7 +19,7 @@ Prometheus scrape config needs no relabeling.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import cache
 
 from prometheus_client.core import (
@@ -80,6 +80,40 @@ class Families:
             self._samples.setdefault(name, []).extend(samples)
         for name, hists in other._histograms.items():
             self._histograms.setdefault(name, []).extend(hists)
+
+    def names(self) -> list[str]:
+        """The metrics that have samples, in no particular order."""
+        return [*self._samples, *self._histograms]
+
+    def samples(self, name: str) -> list[Sample]:
+        """The (labels, value) samples of a counter or gauge; [] for none or a histogram."""
+        return self._samples.get(name, [])
+
+    def label_sets(self, name: str) -> Iterator[tuple[str, ...]]:
+        """The labels of every series of `name`, histograms included (one per histogram)."""
+        for labels, _ in self._samples.get(name, ()):
+            yield labels
+        for labels, _, _ in self._histograms.get(name, ()):
+            yield labels
+
+    def retain(self, name: str, keep: Callable[[tuple[str, ...]], bool]) -> int:
+        """Keep only the series of `name` whose own labels `keep` accepts (the per-pod
+        bound, exporters/prometheus/pod_bound.py); how many series were left out, counted
+        as Prometheus stores them (a histogram: one per bucket, its count and its sum)."""
+        dropped = 0
+        if name in self._samples:
+            before = self._samples[name]
+            self._samples[name] = [s for s in before if keep(s[0])]
+            dropped += len(before) - len(self._samples[name])
+            if not self._samples[name]:
+                del self._samples[name]
+        if name in self._histograms:
+            hists = self._histograms[name]
+            self._histograms[name] = [h for h in hists if keep(h[0])]
+            dropped += sum(len(h[1]) + 2 for h in hists if not keep(h[0]))
+            if not self._histograms[name]:
+                del self._histograms[name]
+        return dropped
 
     def _ordered(self) -> list[str]:
         return sorted({*self._samples, *self._histograms}, key=self._order.__getitem__)
