@@ -35,7 +35,7 @@ from gpuscope.agent.attribution.records import (
 from gpuscope.agent.clock import Clock, SystemClock
 from gpuscope.agent.gpu.collector import GPU
 from gpuscope.agent.gpu.records import GpuReading, GpuSnapshot
-from gpuscope.agent.hostfs import HostFs
+from gpuscope.agent.hostfs import HostFs, Reason
 from gpuscope.agent.k8s.cgroups import PodCgroup
 from gpuscope.agent.k8s.collector import KUBELET, PODS
 from gpuscope.agent.k8s.dra_collector import DRA
@@ -140,9 +140,17 @@ class Attributor:
             low_activity_seconds_total=self._low.totals() if holdings is not None else {},
             energy=energy,
             pod_names=self._net_names,
-            dropped=self._fs.counts(),
+            dropped=self._dropped(),
             pod_signals=signals,
         )
+
+    def _dropped(self) -> dict[Reason, int]:
+        """The stage's dropped inputs: GPU processes' cgroup files and pods' cgroup files."""
+        counts = dict(self._fs.counts())
+        if self._signals is not None:
+            for reason, n in self._signals.fs.counts().items():
+                counts[reason] = counts.get(reason, 0) + n
+        return counts
 
     def _pod_signals(
         self,

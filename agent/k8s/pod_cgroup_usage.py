@@ -39,6 +39,7 @@ from gpuscope.agent.k8s.cgroups import detect_cgroup_v2_root, parse_cgroup_path
 
 USEC = 1_000_000  # per second: divided by, so 30 us reads 3e-05 exactly
 NSEC = 1_000_000_000
+_MAX_ABSENT = 65_536  # absent files remembered at most (then forgotten, and opened again)
 MAX_DEPTH = 8  # levels searched for pod directories (kind and docker-in-docker nest a few)
 
 
@@ -240,13 +241,20 @@ class PodCgroupReader:
         self._dirs: dict[Path, dict[str, Path]] = {}  # hierarchy root -> uid -> directory
         self._searched_at: dict[Path, float] = {}
         self._cache: dict[str, tuple[float, PodCgroupUsage]] = {}
+        # Files found absent (controller not enabled) -> when: not opened again before the
+        # next search interval, so a pod costs the opens of the files it has (about 4).
+        self._absent: dict[str, float] = {}
+        self._now = 0.0
 
     def read(self, pod_uids: Collection[str]) -> Mapping[str, PodCgroupUsage]:
         """The counters of each pod in `pod_uids` that has a cgroup here; pods not asked for
         are forgotten."""
         with self._lock:
-            now = self._clock.monotonic()
+            now = self._now = self._clock.monotonic()
             self._cache = {u: c for u, c in self._cache.items() if u in pod_uids}
+            for known in self._dirs.values():
+                for gone in [u for u in known if u not in pod_uids]:
+                    del known[gone]  # forgotten; found again by a search if asked for
             stale = [
                 u
                 for u in pod_uids
@@ -268,25 +276,26 @@ class PodCgroupReader:
 
     def _located(self, root: Path, wanted: list[str], now: float) -> dict[str, Path]:
         known = self._dirs.get(root, {})
+        wanted_set = set(wanted)
         missing = any(u not in known for u in wanted)
         last = self._searched_at.get(root)
         if missing and (last is None or now - last >= self._search_interval):
-            known = self._find(root, self.fs)
-            self._dirs[root] = known
+            known = {u: d for u, d in self._find(root, self.fs).items() if u in wanted_set}
+            self._dirs[root] = known | {u: d for u, d in self._dirs.get(root, {}).items()}
             self._searched_at[root] = now
-        return known
+            if len(self._absent) > _MAX_ABSENT:
+                self._absent.clear()
+        return self._dirs.get(root, {})
 
     def _read_pod(self, uid: str, dirs: Mapping[Path, Mapping[str, Path]]) -> PodCgroupUsage | None:
         r = self.roots
-        v2 = dirs.get(r.v2, {}).get(uid) if r.v2 is not None else None
-        cpu1 = dirs.get(r.cpu_v1, {}).get(uid) if r.cpu_v1 is not None else None
-        blk1 = dirs.get(r.blkio_v1, {}).get(uid) if r.blkio_v1 is not None else None
-        mem1 = dirs.get(r.memory_v1, {}).get(uid) if r.memory_v1 is not None else None
+        # Paths as text from here: pathlib's joins cost as much as the reads.
+        v2, cpu1, blk1, mem1 = (
+            _text_path(dirs[root].get(uid)) if root is not None and root in dirs else None
+            for root in (r.v2, r.cpu_v1, r.blkio_v1, r.memory_v1)
+        )
         if v2 is None and cpu1 is None and blk1 is None and mem1 is None:
             return None
-        for root, d in ((r.v2, v2), (r.cpu_v1, cpu1), (r.blkio_v1, blk1), (r.memory_v1, mem1)):
-            if root is not None and d is not None and not os.path.isdir(d):
-                self._dirs.get(root, {}).pop(uid, None)  # the pod is gone: search again later
         periods, throttled = self._throttling(v2, cpu1)
         io = self._io(v2, blk1)
         return PodCgroupUsage(
@@ -303,52 +312,61 @@ class PodCgroupReader:
             oom_kills=self._oom_kills(v2, mem1),
         )
 
-    def _text(self, path: Path) -> str | None:
-        return self.fs.read(path).usable
+    def _text(self, path: str) -> str | None:
+        key = path
+        absent_at = self._absent.get(key)
+        if absent_at is not None and self._now - absent_at < self._search_interval:
+            return None
+        read = self.fs.read(key)
+        if read.text is None and read.problem is None:
+            self._absent[key] = self._now
+        elif absent_at is not None:
+            del self._absent[key]
+        return read.usable
 
-    def _judge(self, path: Path, valid: bool) -> None:
+    def _judge(self, path: str, valid: bool) -> None:
         """Count and log (once per change) content that is not the kernel's; say when it
         parses again. Keyed apart from the path: the read itself succeeded."""
-        key = f"{os.fspath(path)} (content)"
+        key = f"{path} (content)"
         if valid:
             self.fs.recovered(key)
         else:
             self.fs.note(key, "invalid", f"{show(path)}: not in the kernel's format; left out")
 
-    def _pressure(self, directory: Path | None, name: str) -> Pressure | None:
+    def _pressure(self, directory: str | None, name: str) -> Pressure | None:
         if directory is None:
             return None
-        text = self._text(directory / name)
+        text = self._text(f"{directory}/{name}")
         if text is None:
             return None
         found = parse_pressure(text)
-        self._judge(directory / name, found is not None)
+        self._judge(f"{directory}/{name}", found is not None)
         return found
 
-    def _throttling(self, v2: Path | None, cpu1: Path | None) -> tuple[int | None, float | None]:
+    def _throttling(self, v2: str | None, cpu1: str | None) -> tuple[int | None, float | None]:
         if v2 is not None:
-            text = self._text(v2 / "cpu.stat")
+            text = self._text(f"{v2}/cpu.stat")
             keys = parse_flat_keyed(text) if text is not None else {}
             if "nr_throttled" in keys and "throttled_usec" in keys:
                 return keys["nr_throttled"], keys["throttled_usec"] / USEC
         if cpu1 is not None:
-            text = self._text(cpu1 / "cpu.stat")
+            text = self._text(f"{cpu1}/cpu.stat")
             keys = parse_flat_keyed(text) if text is not None else {}
             valid = "nr_throttled" in keys and "throttled_time" in keys
             if text is not None:
-                self._judge(cpu1 / "cpu.stat", valid)
+                self._judge(f"{cpu1}/cpu.stat", valid)
             if valid:
                 return keys["nr_throttled"], keys["throttled_time"] / NSEC
         return None, None
 
     def _io(
-        self, v2: Path | None, blk1: Path | None
+        self, v2: str | None, blk1: str | None
     ) -> tuple[int | None, int | None, int | None, int | None]:
         if v2 is not None:
-            text = self._text(v2 / "io.stat")
+            text = self._text(f"{v2}/io.stat")
             if text is not None:
                 stat_ = parse_io_stat(text)
-                self._judge(v2 / "io.stat", stat_ is not None)
+                self._judge(f"{v2}/io.stat", stat_ is not None)
                 return stat_ or (None, None, None, None)
         if blk1 is not None:
             nbytes = self._blkio(blk1, "blkio.throttle.io_service_bytes")
@@ -361,8 +379,8 @@ class PodCgroupReader:
             )
         return None, None, None, None
 
-    def _blkio(self, directory: Path, name: str) -> tuple[int, int] | None:
-        for path in (directory / f"{name}_recursive", directory / name):
+    def _blkio(self, directory: str, name: str) -> tuple[int, int] | None:
+        for path in (f"{directory}/{name}_recursive", f"{directory}/{name}"):
             text = self._text(path)
             if text is None:
                 continue
@@ -371,14 +389,18 @@ class PodCgroupReader:
             return found
         return None
 
-    def _oom_kills(self, v2: Path | None, mem1: Path | None) -> int | None:
+    def _oom_kills(self, v2: str | None, mem1: str | None) -> int | None:
         for directory, name in ((v2, "memory.events"), (mem1, "memory.oom_control")):
             if directory is None:
                 continue
-            text = self._text(directory / name)
+            text = self._text(f"{directory}/{name}")
             if text is None:
                 continue
             keys = parse_flat_keyed(text)
             if "oom_kill" in keys:  # kernels before 4.13 do not count them: nothing to say
                 return keys["oom_kill"]
         return None
+
+
+def _text_path(path: Path | None) -> str | None:
+    return os.fspath(path) if path is not None else None

@@ -312,3 +312,21 @@ def test_the_stage_reads_gpu_pods_or_with_the_flag_every_pod(
         [("web", "web"), ("train", "train")] if all_pods else [("train", "train")]
     )  # by pod UID
     assert signals[-1].usage.io_pressure == Pressure(4.0, 3.0)
+
+
+def test_a_pod_file_the_stage_cannot_use_is_counted_with_the_stages_dropped_inputs(
+    tmp_path: Path,
+) -> None:
+    cgroups = tmp_path / "cgroup"
+    write(systemd_pod(cgroups, OTHER), dict(V2_FILES, **{"memory.pressure": "nonsense\n"}))
+    clock = ManualClock()
+    attributor = Attributor(
+        tmp_path / "proc",
+        clock=clock,
+        options=AttributionOptions(pod_signals_all_pods=True),
+        pod_signals=PodCgroupReader(CgroupRoots(cgroups), clock=clock),
+    )
+    att = attributor.attribute(collection([]))
+    assert att.dropped["invalid"] == 1
+    (signals,) = att.pod_signals
+    assert signals.usage.memory_pressure is None and signals.usage.oom_kills == 2
