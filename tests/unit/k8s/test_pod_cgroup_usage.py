@@ -330,3 +330,16 @@ def test_a_pod_file_the_stage_cannot_use_is_counted_with_the_stages_dropped_inpu
     assert att.dropped["invalid"] == 1
     (signals,) = att.pod_signals
     assert signals.usage.memory_pressure is None and signals.usage.oom_kills == 2
+
+
+def test_a_controller_enabled_later_shows_within_the_search_interval(tmp_path: Path) -> None:
+    pod = systemd_pod(tmp_path)
+    write(pod, {"cpu.pressure": psi(10)})
+    clock = ManualClock()
+    reader = PodCgroupReader(CgroupRoots(tmp_path), clock=clock, search_interval=10.0)
+    assert reader.read({UID})[UID].oom_kills is None
+    (pod / "memory.events").write_text("oom_kill 4\n")  # the memory controller comes on
+    clock.advance(5)
+    assert reader.read({UID})[UID].oom_kills is None  # absent files are not reopened per tick
+    clock.advance(5)
+    assert reader.read({UID})[UID].oom_kills == 4
