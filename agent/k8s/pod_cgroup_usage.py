@@ -252,9 +252,6 @@ class PodCgroupReader:
         with self._lock:
             now = self._now = self._clock.monotonic()
             self._cache = {u: c for u, c in self._cache.items() if u in pod_uids}
-            for known in self._dirs.values():
-                for gone in [u for u in known if u not in pod_uids]:
-                    del known[gone]  # forgotten; found again by a search if asked for
             stale = [
                 u
                 for u in pod_uids
@@ -276,16 +273,17 @@ class PodCgroupReader:
 
     def _located(self, root: Path, wanted: list[str], now: float) -> dict[str, Path]:
         known = self._dirs.get(root, {})
-        wanted_set = set(wanted)
         missing = any(u not in known for u in wanted)
         last = self._searched_at.get(root)
         if missing and (last is None or now - last >= self._search_interval):
-            known = {u: d for u, d in self._find(root, self.fs).items() if u in wanted_set}
-            self._dirs[root] = known | {u: d for u, d in self._dirs.get(root, {}).items()}
+            # Every pod found is kept (a pod asked for later needs no search of its own);
+            # pods gone since the last search go with it.
+            known = self._find(root, self.fs)
+            self._dirs[root] = known
             self._searched_at[root] = now
             if len(self._absent) > _MAX_ABSENT:
                 self._absent.clear()
-        return self._dirs.get(root, {})
+        return known
 
     def _read_pod(self, uid: str, dirs: Mapping[Path, Mapping[str, Path]]) -> PodCgroupUsage | None:
         r = self.roots
