@@ -343,3 +343,18 @@ def test_a_controller_enabled_later_shows_within_the_search_interval(tmp_path: P
     assert reader.read({UID})[UID].oom_kills is None  # absent files are not reopened per tick
     clock.advance(5)
     assert reader.read({UID})[UID].oom_kills == 4
+
+
+def test_a_pod_asked_for_later_is_read_at_once_from_the_last_search(tmp_path: Path) -> None:
+    write(systemd_pod(tmp_path), V2_FILES)
+    write(systemd_pod(tmp_path, OTHER), V2_FILES)
+    searches: list[Path] = []
+
+    def counting(root: Path, fs: HostFs) -> dict[str, Path]:
+        searches.append(root)
+        return find_pod_dirs(root, fs)
+
+    reader = PodCgroupReader(CgroupRoots(tmp_path), clock=ManualClock(), find=counting)
+    assert set(reader.read({UID})) == {UID}
+    assert set(reader.read({UID, OTHER})) == {UID, OTHER}  # e.g. a new GPU holder
+    assert len(searches) == 1
