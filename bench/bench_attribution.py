@@ -11,7 +11,10 @@ them GPU processes (8 GPUs, two time-sliced shares each). Prints, for docs/perfo
   * the agent's RSS and anonymous memory after the scrapes;
   * the series count;
   * the attribution stage alone on one collection, and the part of it the GPM-era accounts
-    take (MIG devices' last activity, low-activity seconds, energy per pod: issue #13).
+    take (MIG devices' last activity, low-activity seconds, energy per pod: issue #13);
+  * the per-pod cgroup signals (issue #16): the attribution stage with them off, reading
+    the GPU pods (the default) and reading every pod (--pod-signals-all-pods), interleaved,
+    as a share of the render; the memory the reader keeps.
 Budgets (issue #4): render <= 25 ms median; RSS <= 180 MB, anonymous <= 100 MB.
 """
 
@@ -24,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tracemalloc
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +38,7 @@ sys.path.insert(0, str(REPO))
 from bench.bench_gpu import proc_cpu_seconds, proc_rss_mb  # noqa: E402
 from gpuscope.agent.app import Agent  # noqa: E402
 from gpuscope.agent.config import parse  # noqa: E402
+from gpuscope.agent.k8s.pod_cgroup_usage import PodCgroupReader  # noqa: E402
 from tests.doubles.fakenvml.control import FakeNvml, ensure_built  # noqa: E402
 from tests.doubles.simnode import GIB, ContainerSpec, SimNode  # noqa: E402
 from tests.support import free_port  # noqa: E402
@@ -92,11 +97,14 @@ def start_agent(
 
 def in_process_agents(fake: FakeNvml, node: SimNode) -> tuple[Agent, Agent]:
     """All sources and GPU only, in this process (as bench_gpu.py measures the GPU render).
-    Started before the pods, so their probes see all the traffic."""
+    Started before the pods, so their probes see all the traffic. Every render collects
+    anew (--collection-max-age 0): renders back to back would otherwise share one
+    collection and time only the text."""
     fake.activate()
     common = ["--listen", ":0", "--kubelet-socket", str(node.kubelet_socket),
               "--kubeconfig", str(node.kubeconfig), "--node-name", node.node_name,
-              "--kernel-headers", str(HEADERS), "--labels-mode", "none"]  # fmt: skip
+              "--kernel-headers", str(HEADERS), "--labels-mode", "none",
+              "--collection-max-age", "0"]  # fmt: skip
     full = Agent(parse(common, env={}))
     gpu_only = Agent(parse([*common, "--collectors", "gpu"], env={}))
     full.start()
@@ -156,6 +164,63 @@ def stage_times(full: Agent, n: int) -> tuple[list[float], list[float]]:
     return whole, new
 
 
+@dataclass
+class SignalCosts:
+    """The per-pod cgroup signals' share (issue #16), on the attribution stage alone."""
+
+    off: list[float]  # the stage on one collection, signals off
+    gpu_pods: list[float]  # ... reading the pods that hold a GPU (the default)
+    all_pods: list[float]  # ... reading every pod (--pod-signals-all-pods)
+    pods_read: int
+    kept_kb: float  # what the reader holds for every pod (tracemalloc)
+
+
+def signal_costs(full: Agent, n: int) -> SignalCosts:
+    """The attribution stage on one collection with the signals off, on for GPU pods and on
+    for all pods, interleaved, each call reading the files (as at Prometheus' 15 s interval,
+    where every scrape finds the 1 s cache expired), and the reader's memory for every pod.
+    The stage is where the reads happen; the rest of a render does not change."""
+    att = full.attributor
+    reader = att._signals
+    assert reader is not None
+    collection = full.collect().collection
+    gpu_reader = PodCgroupReader(reader.roots, interval=0.0)
+    all_reader = PodCgroupReader(reader.roots, interval=0.0)
+    modes: dict[str, list[float]] = {"off": [], "gpu": [], "all": []}
+    settings = {"off": (None, False), "gpu": (gpu_reader, False), "all": (all_reader, True)}
+    for signals, every in settings.values():  # warm up: the searches, once
+        att._signals, att._signals_all = signals, every
+        att.attribute(collection)
+    pods_read = len(att.attribute(collection).pod_signals)
+    for _ in range(n):
+        for mode, (signals, every) in settings.items():
+            att._signals, att._signals_all = signals, every
+            t = time.perf_counter()
+            att.attribute(collection)
+            modes[mode].append(time.perf_counter() - t)
+    att._signals, att._signals_all = reader, False
+    tracemalloc.start()
+    kept = PodCgroupReader(reader.roots)
+    before = tracemalloc.get_traced_memory()[0]
+    kept.read(list(att._pods))
+    kept_kb = (tracemalloc.get_traced_memory()[0] - before) / 1024
+    tracemalloc.stop()
+    return SignalCosts(modes["off"], modes["gpu"], modes["all"], pods_read, kept_kb)
+
+
+def signal_report(c: SignalCosts, render_ms: float) -> None:
+    off, _ = summary(c.off)
+    gpu, gpu90 = summary(c.gpu_pods)
+    every, every90 = summary(c.all_pods)
+    print(f"pod cgroup signals, attribution stage reading them every call: median "
+          f"{off:.2f} ms off; GPU pods {gpu:.2f} ms (p90 {gpu90:.2f}): +{gpu - off:.2f} ms, "
+          f"{(gpu - off) / render_ms:+.1%} of this run's render median, "
+          f"{(gpu - off) / 17.2:+.1%} of 17.2 ms; all {c.pods_read} pods {every:.2f} ms "
+          f"(p90 {every90:.2f}): +{every - off:.2f} ms, {(every - off) / render_ms:+.1%} "
+          f"of the render, {(every - off) / 17.2:+.1%} of 17.2 ms  (budget: +20%)")  # fmt: skip
+    print(f"pod cgroup signals: reader memory for every pod {c.kept_kb:.1f} KiB")
+
+
 def scrape_times(url: str, n: int) -> tuple[list[float], bytes]:
     body = b""
     for _ in range(5):
@@ -211,6 +276,7 @@ class Measured:
     inproc_base: list[float]
     stage: list[float]
     stage_new: list[float]
+    signals: SignalCosts
 
 
 def measure(
@@ -232,6 +298,7 @@ def measure(
     base.terminate()
     inproc, inproc_base = render_times(full, gpu_only, args.scrapes)
     stage, stage_new = stage_times(full, 10 * args.scrapes)
+    signals = signal_costs(full, 5 * args.scrapes)
     return Measured(
         times,
         base_times,
@@ -244,6 +311,7 @@ def measure(
         inproc_base,
         stage,
         stage_new,
+        signals,
     )
 
 
@@ -272,6 +340,7 @@ def report(m: Measured, window: float) -> None:
     print(f"attribution stage on one collection: median {smed:.3f} ms, p90 {sp90:.3f} ms; "
           f"of it energy per pod + low-activity + MIG activity: median {nmed * 1e3:.1f} us, "
           f"p90 {np90 * 1e3:.1f} us ({nmed / smed:.1%} of the stage)")  # fmt: skip
+    signal_report(m.signals, imed)
 
 
 def stop_all(agents: tuple[Agent, Agent], procs: tuple[subprocess.Popen[bytes], ...]) -> None:
