@@ -13,9 +13,10 @@ INPUT_METRICS: tuple[MetricSpec, ...] = (
         + ", ".join(REASONS)
         + " (unreadable: permission or I/O error; loop: a symbolic link loop; too_large: a "
         "file over the read cap; invalid: content that could not be parsed). For "
-        'stage="attribution", GPU processes whose /proc/<pid>/cgroup failed: their memory '
-        'and utilization are on no pod series; for stage="nic" and "rdma", files under '
-        "--sysfs, whose values are absent. Bytes that are not UTF-8 drop nothing: they are "
+        'stage="attribution", GPU processes whose /proc/<pid>/cgroup failed (their memory '
+        "and utilization are on no pod series) and pod cgroup files (pressure, cpu.stat, "
+        'io.stat, memory.events: that signal is absent); for stage="nic" and "rdma", files '
+        "under --sysfs, whose values are absent. Bytes that are not UTF-8 drop nothing: they are "
         "kept, written \\xNN.",
         ("stage", "reason"),
         "attribution",

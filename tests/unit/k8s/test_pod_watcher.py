@@ -207,7 +207,7 @@ def test_watches_cut_at_once_back_off_instead_of_spinning(make_source: MakeSourc
     time.sleep(1.5)
     # A busy loop would have opened hundreds; the backoff (0.05 s doubling to 0.2 s here,
     # 1 s to 30 s by default) allows a handful.
-    assert len(server.calls("watch", "pods")) <= 12
+    assert len(server.calls("watch", "pods")) <= 20  # a busy loop: hundreds
     # Between a relist that succeeds and the next watch that ends at once, `error` is None
     # for a moment: wait for the error rather than sample it.
     wait_for(
