@@ -1,6 +1,6 @@
 """A cache of one kind of Kubernetes object, kept current by list + watch on its own thread.
 
-The same discipline as the pod watcher (agent/k8s/pods.py), for any resource: a watch that
+The pod watcher (agent/k8s/pods.py) and the DRA caches are instances. For any resource: a watch that
 ends resumes from the last resourceVersion, a 410 Gone relists and replaces the cache, each
 watch asks for bookmarks and a jittered server-side timeout and reads with a timeout longer
 than the bookmark gap (silence drops the connection and relists), and while the API server is
@@ -181,7 +181,9 @@ class ListWatch(Generic[K, V]):
                     return
                 raise
             if events == 0 and self._monotonic() - began < SHORT_WATCH:
-                raise RuntimeError(f"the API server ended the watch of {self.what} at once")
+                raise RuntimeError(
+                    f"the API server ended the watch of {self.what} at once, sending nothing"
+                )
 
 
 def _one_line(exc: BaseException) -> str:

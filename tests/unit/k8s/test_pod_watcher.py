@@ -211,7 +211,7 @@ def test_watches_cut_at_once_back_off_instead_of_spinning(make_source: MakeSourc
     # Between a relist that succeeds and the next watch that ends at once, `error` is None
     # for a moment: wait for the error rather than sample it.
     wait_for(
-        lambda: "ended the pod watch at once" in (source.watcher.error or ""),
+        lambda: "at once, sending nothing" in (source.watcher.error or ""),
         what="the watcher to report watches ended at once",
     )
     server.max_watch_seconds = None
