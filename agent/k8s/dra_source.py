@@ -93,16 +93,9 @@ class DraSource:
                 )
         snapshot = self._join()
         for watch in self._watches:
-            if watch.error is not None:
-                raise SourceStale(f"Kubernetes API: {watch.what}: {watch.error}", snapshot)
-            alive_at = watch.alive_at
-            if alive_at is None or self._clock.monotonic() - alive_at > self._stale_after:
-                raise SourceStale(
-                    f"Kubernetes API: nothing heard on the watch of {watch.what} for over "
-                    f"{self._stale_after:g}s (no event or bookmark); DRA allocations may be "
-                    "out of date, reconnecting",
-                    snapshot,
-                )
+            trouble = watch.trouble(self._stale_after)
+            if trouble is not None:  # the last allocations are kept meanwhile
+                raise SourceStale(f"Kubernetes API: {trouble}", snapshot)
         return snapshot
 
     def _join(self) -> DraSnapshot:

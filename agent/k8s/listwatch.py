@@ -82,6 +82,19 @@ class ListWatch(Generic[K, V]):
     def items(self) -> Mapping[K, V]:
         return self._items
 
+    def trouble(self, stale_after: float) -> str | None:
+        """Why the cache may be out of date, in one fixed line (the runner logs it once), or
+        None: the last list or watch failed, or nothing (no event, no bookmark) was heard for
+        over `stale_after` seconds on `monotonic`."""
+        if self.error is not None:
+            return f"{self.what}: {self.error}"
+        if self.alive_at is None or self._monotonic() - self.alive_at > stale_after:
+            return (
+                f"nothing heard on the watch of {self.what} for over {stale_after:g}s "
+                "(no event or bookmark); reconnecting"
+            )
+        return None
+
     def start(self) -> None:
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name=f"watch-{self.what}", daemon=True)

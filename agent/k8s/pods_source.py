@@ -66,16 +66,9 @@ class PodsSource:
                 f"no pod list from the Kubernetes API yet: {self.watcher.error or 'waiting'}"
             )
         snapshot = PodsSnapshot(pods=self.watcher.pods())
-        if self.watcher.error is not None:
-            raise SourceStale(f"Kubernetes API: {self.watcher.error}", snapshot)
-        alive_at = self.watcher.alive_at
-        if alive_at is None or self._clock.monotonic() - alive_at > self._stale_after:
-            # A fixed message: the runner logs it once, not once per scrape.
-            raise SourceStale(
-                f"Kubernetes API: nothing heard on the pod watch for over {self._stale_after:g}s "
-                "(no event or bookmark); pod names may be out of date, reconnecting",
-                snapshot,
-            )
+        trouble = self.watcher.trouble(self._stale_after)
+        if trouble is not None:  # the last pods keep their names meanwhile
+            raise SourceStale(f"Kubernetes API: {trouble}", snapshot)
         return snapshot
 
     def stop(self) -> None:

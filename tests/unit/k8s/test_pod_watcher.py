@@ -139,7 +139,7 @@ def test_a_frozen_watch_fails_the_collector_then_heals_by_itself(
     wait_for(lambda: not pods().success, timeout=5, what="success 0 within the bound")
     stale = pods()
     assert pod_names(stale) == {"bert-0"}  # the last pods are kept; the new one is unseen
-    assert stale.error is not None and "nothing heard on the pod watch" in stale.error
+    assert stale.error is not None and "nothing heard on the watch of pods of node" in stale.error
 
     # No manual action: the read timeout drops the frozen connection, relists, watches anew.
     wait_for(lambda: pods().success, timeout=20, what="recovery")
