@@ -263,8 +263,11 @@ def test_an_agent_attributes_dra_gpus_to_their_pod_and_container(
         finally:
             env.agent.stop()
     unresolved = [r.getMessage() for r in caplog.records if "broken-0" in r.getMessage()]
-    assert len(unresolved) == 1, unresolved  # once, not once per scrape
-    assert "uuid" in unresolved[0] and "gpu-5" in unresolved[0]
+    # Once per cause, not once per scrape. The claims and the slices are separate watches:
+    # a claim can be seen before the slice that names its device ("no ResourceSlice ..."),
+    # a cause of its own, said once too; the cause that stays is the missing uuid.
+    assert len(unresolved) == len(set(unresolved)) <= 2, unresolved
+    assert "uuid" in unresolved[-1] and "gpu-5" in unresolved[-1]
 
 
 def test_a_dra_mig_device_counts_for_its_gpu(
