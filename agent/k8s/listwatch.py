@@ -123,6 +123,8 @@ class ListWatch(Generic[K, V]):
                 delay = self._backoff_first
                 self._watch(client, rv)  # returns when the history expired: relist
             except WatchSilent as exc:
+                if self._stop.is_set():
+                    break  # stopping: the connection closing under us is not news
                 self.silences += 1
                 if not self._silent:
                     log.warning("watching %s: %s; relisting", self.what, exc)
@@ -130,6 +132,8 @@ class ListWatch(Generic[K, V]):
                 _close(client)
                 client = None
             except Exception as exc:  # noqa: BLE001 - any failure: keep the cache, retry
+                if self._stop.is_set():
+                    break  # stopping: the connection closing under us is not news
                 message = _one_line(exc)
                 if message != self.error:
                     log.warning("watching %s: %s", self.what, message)
@@ -139,6 +143,7 @@ class ListWatch(Generic[K, V]):
                 client = None
                 self._stop.wait(delay)
                 delay = min(self._backoff_max, delay * 2)
+        _close(client)
 
     def _list(self, client: Any) -> str:
         listing = client.list(self._resource, namespace=self._namespace, fields=self._fields)
