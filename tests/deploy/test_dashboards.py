@@ -40,7 +40,12 @@ RANGE_PANELS = {
     ("gpu-fleet", "GPU-hours wasted by namespace"),
     ("gpu-fleet", "GPU-hours wasted by workload"),
     ("gpu-fleet", "GPU-hours busy, SMs idle"),
+    ("gpu-fleet", "Idle GPU-hours by cause"),
+    ("gpu-fleet", "GPU-hours busy, SMs idle by cause"),
+    ("gpu-fleet", "Idle GPU-hours by workload and cause"),
     ("training-job", "Idle GPU-hours"),
+    ("training-job", "Idle GPU-hours by cause"),
+    ("training-job", "GPU-hours busy, SMs idle by cause"),
     ("training-job", "Stragglers"),
 }
 # Values for a static parse only (the e2e test substitutes values read from the data).

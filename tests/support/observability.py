@@ -31,6 +31,14 @@ EXTERNAL_LABELS = frozenset({"cluster"})
 GRAFANA_BUILTINS = frozenset(
     {"__rate_interval", "__interval", "__interval_ms", "__range", "__range_s", "__range_ms"}
 )
+# kube-state-metrics series the optional rules read (docs/alerts.md: empty without it), with
+# the labels kube-state-metrics gives them.
+KUBE_STATE_METRICS = {
+    "kube_pod_status_phase": frozenset({"namespace", "pod", "uid", "phase"}),
+    "kube_pod_owner": frozenset(
+        {"namespace", "pod", "uid", "owner_kind", "owner_name", "owner_is_controller"}
+    ),
+}
 _HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 _KEYWORDS = frozenset(
     {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or"}
@@ -260,6 +268,7 @@ def known_series() -> dict[str, set[str]]:
         else:
             known[m.name] = labels
     known.update(recording_rule_labels())
+    known.update({name: set(labels) | SCRAPE_LABELS for name, labels in KUBE_STATE_METRICS.items()})
     known["up"] = set(SCRAPE_LABELS)
     return {name: labels | EXTERNAL_LABELS for name, labels in known.items()}
 
