@@ -13,7 +13,8 @@ workloads (as idle seconds are) and weighted by the MIG device's share of its GP
 The interval is the evaluation's (about the scrape interval), not the sampler tick: a GPU
 that alternates within one interval is judged on its averages. A GPU without GPM counts
 nothing and its workloads get no series (absent, not 0); a workload's counter outlives its
-last allocation by the idle counters' retention.
+last allocation by the idle counters' retention. Each workload's share is also charged to
+one cause (agent/attribution/cause.py), as idle seconds are.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from gpuscope.agent.attribution.idle import RETENTION_SECONDS, idle_key
-from gpuscope.agent.attribution.records import GpuHolding, IdleKey
+from gpuscope.agent.attribution.cause import UNKNOWN, CauseTotals
+from gpuscope.agent.attribution.idle import RETENTION_SECONDS, Judge, by_workload
+from gpuscope.agent.attribution.records import CauseKey, GpuHolding, IdleKey
 
 DEFAULT_BUSY_THRESHOLD = 0.5
 DEFAULT_SM_THRESHOLD = 0.1
@@ -52,6 +54,7 @@ class LowActivityAccountant:
         self._baseline: dict[str, tuple[float, float, float]] = {}  # at, busy, sm
         self._totals: dict[IdleKey, float] = {}
         self._last_held: dict[IdleKey, float] = {}
+        self._causes = CauseTotals()
 
     def forget_baselines(self) -> None:
         """Allocations are unknown (kubelet down): count nothing until they are known."""
@@ -63,16 +66,18 @@ class LowActivityAccountant:
         holdings: Mapping[str, list[GpuHolding]],
         *,
         monotonic: float,
+        judge: Judge | None = None,
     ) -> None:
         for d in devices:
             holders = holdings.get(d.key, [])
             if not holders or d.busy_seconds is None or d.sm_active_seconds is None:
                 self._baseline.pop(d.key, None)
                 continue
-            workloads = list(dict.fromkeys(idle_key(h) for h in holders))
+            workloads = by_workload(holders)
             for w in workloads:
                 self._last_held[w] = monotonic
                 self._totals.setdefault(w, 0.0)
+                self._causes.hold(w)
             previous = self._baseline.get(d.key)
             self._baseline[d.key] = (monotonic, d.busy_seconds, d.sm_active_seconds)
             if previous is None or monotonic <= previous[0]:
@@ -82,12 +87,18 @@ class LowActivityAccountant:
             sm = (d.sm_active_seconds - previous[2]) / elapsed
             if busy >= self._busy_threshold and 0 <= sm < self._sm_threshold:
                 share = elapsed * d.weight / len(workloads)
-                for w in workloads:
+                for w, theirs in workloads.items():
                     self._totals[w] += share
+                    self._causes.charge(w, judge(theirs) if judge else UNKNOWN, share)
         for w, held in list(self._last_held.items()):
             if monotonic - held > self._retention:
                 del self._last_held[w]
                 self._totals.pop(w, None)
+                self._causes.drop(w)
 
     def totals(self) -> dict[IdleKey, float]:
         return dict(self._totals)
+
+    def cause_totals(self) -> dict[CauseKey, float]:
+        """The totals by cause: summed over the causes, a workload's are its total."""
+        return self._causes.totals()

@@ -17,14 +17,19 @@ happened before the agent ran is not known, so it is not claimed). A GPU shared 
 workloads (time-slicing) splits its idle seconds between them equally, so the counters still
 add up to the GPU's idle time. A MIG device counts its GPU instance's idle time (from GPM)
 times its share of the GPU: seven idle 1g instances add up to one idle GPU.
+
+Each workload's share of an interval is also charged to one cause (agent/attribution/cause.py),
+judged by the stage from that workload's holder pods of the device (`unknown` when the
+accountant is given no judge), so the cause counters add up to the workload's counter.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gpuscope.agent.attribution.records import GpuHolding, IdleKey
+from gpuscope.agent.attribution.cause import UNKNOWN, CauseTotals
+from gpuscope.agent.attribution.records import CauseKey, GpuHolding, IdleKey
 
 RETENTION_SECONDS = 900.0  # a workload's counter outlives its last allocation by this much
 
@@ -37,8 +42,20 @@ class GpuIdleInput:
     weight: float = 1.0  # the device's share of a GPU (a MIG device's: agent/attribution/mig.py)
 
 
+# The cause of one interval, from one workload's holders of one device.
+Judge = Callable[[Sequence[GpuHolding]], str]
+
+
 def idle_key(holding: GpuHolding) -> IdleKey:
     return (holding.namespace, holding.workload.kind, holding.workload.name)
+
+
+def by_workload(holders: Sequence[GpuHolding]) -> dict[IdleKey, list[GpuHolding]]:
+    """A device's holders grouped by workload, in the holders' order."""
+    out: dict[IdleKey, list[GpuHolding]] = {}
+    for h in holders:
+        out.setdefault(idle_key(h), []).append(h)
+    return out
 
 
 class IdleAccountant:
@@ -48,6 +65,7 @@ class IdleAccountant:
         self._baseline: dict[str, float] = {}  # uuid -> idle integral at the last evaluation
         self._totals: dict[IdleKey, float] = {}
         self._last_held: dict[IdleKey, float] = {}  # monotonic time the key last held a GPU
+        self._causes = CauseTotals()
 
     def forget_baselines(self) -> None:
         """Allocations are unknown (kubelet down): stop counting rather than guess who held
@@ -62,8 +80,10 @@ class IdleAccountant:
         *,
         now: float,
         monotonic: float,
+        judge: Judge | None = None,
     ) -> dict[str, float | None]:
-        """Update the counters; return the idle gauge per GPU UUID (0 when unallocated)."""
+        """Update the counters; return the idle gauge per GPU UUID (0 when unallocated).
+        `judge` names the cause each workload's share of an interval is charged to."""
         gauges: dict[str, float | None] = {}
         seen_holders: set[tuple[str, str, str, str]] = set()
         evaluated: set[str] = set()
@@ -79,10 +99,11 @@ class IdleAccountant:
                 self._first_seen.setdefault(key, now)
             seen_holders.update(keys)
             start = min(self._first_seen[key] for key in keys)
-            workloads = list(dict.fromkeys(idle_key(h) for h in holders))
+            workloads = by_workload(holders)
             for w in workloads:
                 self._last_held[w] = monotonic
                 self._totals.setdefault(w, 0.0)
+                self._causes.hold(w)
             if gpu.idle_integral is None:
                 gauges[gpu.uuid] = None
                 continue
@@ -91,8 +112,9 @@ class IdleAccountant:
             previous = self._baseline.get(gpu.uuid)
             if previous is not None and gpu.idle_integral > previous:
                 share = (gpu.idle_integral - previous) * gpu.weight / len(workloads)
-                for w in workloads:
+                for w, theirs in workloads.items():
                     self._totals[w] += share
+                    self._causes.charge(w, judge(theirs) if judge else UNKNOWN, share)
             self._baseline[gpu.uuid] = gpu.idle_integral
         for key in list(self._first_seen):
             if key[0] in evaluated and key not in seen_holders:
@@ -101,7 +123,12 @@ class IdleAccountant:
             if monotonic - held > self._retention:
                 del self._last_held[w]
                 self._totals.pop(w, None)
+                self._causes.drop(w)
         return gauges
 
     def totals(self) -> dict[IdleKey, float]:
         return dict(self._totals)
+
+    def cause_totals(self) -> dict[CauseKey, float]:
+        """The totals by cause: summed over the causes, a workload's are its total."""
+        return self._causes.totals()

@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpuscope.agent.attribution.activity import DEFAULT_BUSY_THRESHOLD, DEFAULT_SM_THRESHOLD
+from gpuscope.agent.attribution.cause import (
+    DEFAULT_PRESSURE_THRESHOLD,
+    DEFAULT_RETRANSMIT_THRESHOLD,
+)
 from gpuscope.agent.k8s.podresources.gpus import DEFAULT_GPU_RESOURCES
 from gpuscope.agent.options import ConfigError, flag, names
 
@@ -56,4 +60,17 @@ class AttributionOptions:
         "read the cgroup signals (gpuscope_pod_pressure_*, _cpu_throttled_*, _io_*, "
         "_oom_kills_total) of every pod on the node, not only of pods that hold a GPU "
         "(true/false)",
+    )
+    # The cause of idle and low-activity seconds (agent/attribution/cause.py).
+    idle_cause_pressure_threshold: float = flag(
+        DEFAULT_PRESSURE_THRESHOLD,
+        "share of an interval (0-1) a holder pod's I/O, CPU (pressure or throttling) or memory "
+        "must be stalled for its GPU's idle seconds to be charged to that cause",
+        check=_ratio,
+    )
+    idle_cause_retransmit_threshold: float = flag(
+        DEFAULT_RETRANSMIT_THRESHOLD,
+        "TCP retransmits per second of a holder pod (net collector) at which idle seconds "
+        "without pressure are charged to cause network",
+        check=lambda v: None if v >= 0 else f"expected 0 or more per second, got {v:g}",
     )

@@ -100,7 +100,18 @@ class PodSignals:
     usage: PodCgroupUsage
 
 
+@dataclass(frozen=True, slots=True)
+class PodStartup:
+    """Seconds from a pod's scheduling to the first GPU activity of its processes
+    (agent/attribution/startup.py); known only for pods the agent watched from their
+    scheduling."""
+
+    pod: PodRef
+    seconds: float
+
+
 IdleKey = tuple[str, str, str]  # namespace, workload kind, workload
+CauseKey = tuple[str, str, str, str]  # namespace, workload kind, workload, cause
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +135,12 @@ class Attribution:
     dropped: Mapping[Reason, int] = field(default_factory=dict)
     # Pods that hold a GPU (every pod with --pod-signals-all-pods) and have a cgroup here.
     pod_signals: tuple[PodSignals, ...] = ()
+    # The idle and low-activity seconds above, each charged also to one cause
+    # (agent/attribution/cause.py): summed over the causes, a workload's are its total.
+    idle_cause_seconds_total: Mapping[CauseKey, float] = field(default_factory=dict)
+    low_activity_cause_seconds_total: Mapping[CauseKey, float] = field(default_factory=dict)
+    # Pods whose start-up (scheduling to first GPU activity) is known, while they live.
+    startups: tuple[PodStartup, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

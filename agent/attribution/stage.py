@@ -17,8 +17,9 @@ from typing import TypeVar
 
 from gpuscope.agent.attribution import mig
 from gpuscope.agent.attribution.activity import ActivityInput, LowActivityAccountant
+from gpuscope.agent.attribution.cause import Rates, SignalRates, idle_cause
 from gpuscope.agent.attribution.energy import EnergyAccountant
-from gpuscope.agent.attribution.idle import GpuIdleInput, IdleAccountant
+from gpuscope.agent.attribution.idle import GpuIdleInput, IdleAccountant, Judge
 from gpuscope.agent.attribution.options import AttributionOptions
 from gpuscope.agent.attribution.processes import Dropped, process_pod
 from gpuscope.agent.attribution.records import (
@@ -31,21 +32,24 @@ from gpuscope.agent.attribution.records import (
     PodName,
     PodRef,
     PodSignals,
+    PodStartup,
 )
+from gpuscope.agent.attribution.startup import StartupTracker
 from gpuscope.agent.clock import Clock, SystemClock
 from gpuscope.agent.gpu.collector import GPU
-from gpuscope.agent.gpu.records import GpuReading, GpuSnapshot
+from gpuscope.agent.gpu.records import GpuProcess, GpuReading, GpuSnapshot
 from gpuscope.agent.hostfs import HostFs, Reason
 from gpuscope.agent.k8s.cgroups import PodCgroup
 from gpuscope.agent.k8s.collector import KUBELET, PODS
 from gpuscope.agent.k8s.dra_collector import DRA
 from gpuscope.agent.k8s.dra_records import DraSnapshot
-from gpuscope.agent.k8s.pod_cgroup_usage import PodCgroupReader
+from gpuscope.agent.k8s.pod_cgroup_usage import PodCgroupReader, PodCgroupUsage
 from gpuscope.agent.k8s.podresources.gpus import DEFAULT_GPU_RESOURCES, match_gpus
 from gpuscope.agent.k8s.podresources.records import KubeletSnapshot
 from gpuscope.agent.k8s.records import PodMeta
 from gpuscope.agent.k8s.workloads import Workload
 from gpuscope.agent.net.collector import NET
+from gpuscope.agent.net.records import NetSnapshot
 from gpuscope.agent.sources import Collection, describe
 
 log = logging.getLogger("gpuscope.attribution")
@@ -75,6 +79,12 @@ class Attributor:
         self._energy = EnergyAccountant()
         self._signals = pod_signals  # None: no per-pod cgroup signals
         self._signals_all = opts.pod_signals_all_pods
+        self._rates = SignalRates()  # the GPU holders' signals as rates, for the idle causes
+        self._cause_thresholds = (
+            opts.idle_cause_pressure_threshold,
+            opts.idle_cause_retransmit_threshold,
+        )
+        self._startup = StartupTracker()
         self._mig_active = mig.LastActive()
         self._lock = threading.Lock()
         self._pods: Mapping[str, PodMeta] = {}  # last answer of the pods source, by UID
@@ -107,20 +117,25 @@ class Attributor:
         for h in holdings or ():
             holders[h.uuid].append(h)
 
-        usage = self._usage(readings, by_uid, holders)
+        active: set[str] = set()
+        usage = self._usage(readings, by_uid, holders, active)
+        startups = self._startups(active, by_uid) if gpu is not None else self._blind()
+        # The holders' cgroup signals are read before the idle accounts, which charge each
+        # interval to a cause from them (agent/attribution/cause.py).
+        net = collection.records(NET)
+        signals, judge = self._pod_signals(holdings or (), usage, by_uid, by_name, net)
         statuses: tuple[GpuStatus, ...] = ()
         migs: tuple[MigStatus, ...] = ()
         energy: tuple[PodEnergy, ...] = ()
         if holdings is not None:
             refused = gpu.processes_refused if gpu is not None else frozenset()
-            statuses, migs = self._statuses(readings, holders, usage, refused)
+            statuses, migs = self._statuses(readings, holders, usage, refused, judge)
             energy = self._energy.evaluate(readings, holders, usage, _refs(holdings, by_name))
         else:
             self._idle.forget_baselines()
             self._low.forget_baselines()
             self._energy.forget_baselines()
 
-        net = collection.records(NET)
         pod_uids = {u.pod.uid for u in usage}
         if net is not None:
             pod_uids.update(p.pod_uid for p in net.pods)
@@ -129,7 +144,7 @@ class Attributor:
             if meta is not None:
                 pod_uids.add(meta.uid)
         pods = tuple(_ref(by_uid[uid]) for uid in sorted(pod_uids) if uid and uid in by_uid)
-        signals = self._pod_signals(holdings or (), usage, by_uid, by_name)
+        held = holdings is not None
         return Attribution(
             holdings=holdings or (),
             gpus=statuses,
@@ -142,7 +157,18 @@ class Attributor:
             pod_names=self._net_names,
             dropped=self._dropped(),
             pod_signals=signals,
+            idle_cause_seconds_total=self._idle.cause_totals() if held else {},
+            low_activity_cause_seconds_total=self._low.cause_totals() if held else {},
+            startups=startups,
         )
+
+    def _startups(self, active: set[str], by_uid: Mapping[str, PodMeta]) -> tuple[PodStartup, ...]:
+        known = self._startup.evaluate(active, by_uid, self._clock.time())
+        return tuple(PodStartup(_ref(by_uid[u]), s) for u, s in sorted(known.items()))
+
+    def _blind(self) -> tuple[PodStartup, ...]:
+        self._startup.blind()  # no GPU records: activity meanwhile is unseen
+        return ()
 
     def _dropped(self) -> dict[Reason, int]:
         """The stage's dropped inputs: GPU processes' cgroup files and pods' cgroup files."""
@@ -158,29 +184,41 @@ class Attributor:
         usage: Sequence[PodGpuUsage],
         by_uid: Mapping[str, PodMeta],
         by_name: Mapping[tuple[str, str], PodMeta],
-    ) -> tuple[PodSignals, ...]:
+        net: NetSnapshot | None = None,
+    ) -> tuple[tuple[PodSignals, ...], Judge]:
         """The cgroup signals of the pods that hold a GPU (by the kubelet, or running GPU
-        processes), or of every pod the API lists with --pod-signals-all-pods. The reader
-        reads each pod at most once per interval, so scrapes in between cost a lookup."""
-        if self._signals is None:
-            return ()
-        if self._signals_all:
-            uids = set(by_uid)
-        else:
-            uids = {u.pod.uid for u in usage if u.pod.uid}
-            uids.update(m.uid for h in holdings if (m := by_name.get((h.namespace, h.pod))))
-        try:
-            read = self._signals.read(uids)
-        except Exception as exc:  # noqa: BLE001 - a reader bug costs these signals only
-            self._fs.note("pod cgroups", "invalid", f"pod cgroup signals: {describe(exc)}")
-            return ()
+        processes), or of every pod the API lists with --pod-signals-all-pods, and the judge
+        of idle causes from the holders' signals. The reader reads each pod at most once per
+        interval, so scrapes in between cost a lookup (and leave the holders' rates as they
+        were)."""
+        holder_uids = {m.uid for h in holdings if (m := by_name.get((h.namespace, h.pod)))}
+        read: Mapping[str, PodCgroupUsage] = {}
+        if self._signals is not None:
+            if self._signals_all:
+                uids = set(by_uid)
+            else:
+                uids = {u.pod.uid for u in usage if u.pod.uid} | holder_uids
+            try:
+                read = self._signals.read(uids)
+            except Exception as exc:  # noqa: BLE001 - a reader bug costs these signals only
+                self._fs.note("pod cgroups", "invalid", f"pod cgroup signals: {describe(exc)}")
+        self._rates.update(holder_uids, read, net, self._clock.monotonic())
+        rates, thresholds = self._rates, self._cause_thresholds
+
+        def judge(holders: Sequence[GpuHolding]) -> str:
+            names = sorted({(h.namespace, h.pod) for h in holders})
+            found = [by_name.get(n) for n in names]
+            return idle_cause(
+                (rates.of(m.uid) if m is not None else Rates() for m in found), *thresholds
+            )
+
         return tuple(
             PodSignals(
                 _ref(by_uid[uid]) if uid in by_uid else PodRef(uid, "", "", NO_WORKLOAD),
                 read[uid],
             )
             for uid in sorted(read)
-        )
+        ), judge
 
     def _holdings(
         self,
@@ -266,7 +304,10 @@ class Attributor:
         readings: Sequence[GpuReading],
         by_uid: Mapping[str, PodMeta],
         holders: Mapping[str, list[GpuHolding]],
+        active: set[str] | None = None,
     ) -> tuple[PodGpuUsage, ...]:
+        """Per (GPU, container) memory and utilization; adds to `active` the pod UIDs with
+        GPU activity now (agent/attribution/startup.py)."""
         memory: dict[tuple[int, str, str, str], int | None] = {}
         util: dict[tuple[int, str, str, str], float | None] = {}
         in_mig: dict[tuple[int, str, str, str], set[tuple[str, int]]] = defaultdict(set)
@@ -278,6 +319,8 @@ class Attributor:
                 owner = self._owner(proc.pid)
                 if owner is None:
                     continue  # exited since NVML listed it, or dropped (and counted)
+                if active is not None and owner.pod_uid and _active(reading, proc):
+                    active.add(owner.pod_uid)
                 key = (gpu, uuid, owner.pod_uid, owner.container_id or "")
                 memory[key] = _add(memory.get(key, 0), proc.used_memory_bytes)
                 util[key] = _add(util.get(key, 0.0), proc.sm_utilization_ratio)
@@ -319,6 +362,7 @@ class Attributor:
         holders: Mapping[str, list[GpuHolding]],
         usage: Sequence[PodGpuUsage],
         refused: frozenset[str] = frozenset(),
+        judge: Judge | None = None,
     ) -> tuple[tuple[GpuStatus, ...], tuple[MigStatus, ...]]:
         unallocated: dict[str, int] = defaultdict(int)
         for u in usage:
@@ -352,7 +396,7 @@ class Attributor:
             GpuIdleInput(r.identity.uuid, r.idle_seconds, r.last_active_timestamp) for r in readings
         ]
         gauges = self._idle.evaluate(
-            [*gpu_inputs, *mig_inputs], by_device, now=now, monotonic=monotonic
+            [*gpu_inputs, *mig_inputs], by_device, now=now, monotonic=monotonic, judge=judge
         )
         self._low.evaluate(
             [
@@ -371,6 +415,7 @@ class Attributor:
             ],
             by_device,
             monotonic=monotonic,
+            judge=judge,
         )
         statuses = tuple(
             GpuStatus(
@@ -419,6 +464,21 @@ def _mig_utilization(
         if mig_users.get(gi) == {key} and activity.get(gi) is not None:
             out[key] = activity[gi]
     return out
+
+
+def _active(reading: GpuReading, proc: GpuProcess) -> bool:
+    """The process ran a kernel since the previous read: its SM utilization, or where NVML
+    has none per process (MIG), its GPU instance's GPM graphics-engine activity, else the
+    GPU's utilization."""
+    if proc.sm_utilization_ratio is not None:
+        return proc.sm_utilization_ratio > 0
+    if proc.mig_uuid:
+        for m in reading.mig_instances:
+            if m.mig_uuid == proc.mig_uuid:
+                active = m.gpm.graphics_engine_active if m.gpm is not None else None
+                return active is not None and active > 0
+        return False
+    return reading.utilization_ratio is not None and reading.utilization_ratio > 0
 
 
 N = TypeVar("N", int, float)

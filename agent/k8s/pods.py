@@ -20,12 +20,32 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Any
 
 from gpuscope.agent.k8s.listwatch import ListWatch
 from gpuscope.agent.k8s.records import PodMeta
 from gpuscope.agent.k8s.workloads import DEFAULT_ORDER, resolve
+
+
+def scheduled_at(status: Mapping[str, Any]) -> float | None:
+    """The `PodScheduled` condition's `lastTransitionTime` (RFC 3339, `2024-05-01T12:00:00Z`)
+    as Unix time, if the condition is True; None otherwise or for a time that does not parse."""
+    for condition in status.get("conditions") or ():
+        if not isinstance(condition, Mapping) or condition.get("type") != "PodScheduled":
+            continue
+        when = condition.get("lastTransitionTime")
+        if condition.get("status") != "True" or not isinstance(when, str):
+            return None
+        try:
+            parsed = datetime.fromisoformat(when)
+        except ValueError:
+            return None
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=UTC)  # the API writes UTC
+        return parsed.timestamp()
+    return None
 
 
 def pod_meta(obj: Mapping[str, Any], order: Sequence[str] = DEFAULT_ORDER) -> PodMeta:
@@ -44,6 +64,7 @@ def pod_meta(obj: Mapping[str, Any], order: Sequence[str] = DEFAULT_ORDER) -> Po
         name=str(meta.get("name", "")),
         workload=resolve(obj, order),
         containers=MappingProxyType(containers),
+        scheduled_at=scheduled_at(status),
     )
 
 

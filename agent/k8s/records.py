@@ -18,6 +18,9 @@ class PodMeta:
     # Container runtime id (the hex id in the container's cgroup name) -> container name:
     # what turns a GPU process's cgroup into the container a user named.
     containers: Mapping[str, str] = field(default_factory=dict)
+    # When the scheduler bound the pod (its PodScheduled condition's lastTransitionTime, Unix
+    # time); None while unscheduled or where the API gave no such condition.
+    scheduled_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

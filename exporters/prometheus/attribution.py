@@ -55,6 +55,16 @@ def render_attribution(att: Attribution, out: Families) -> None:
         out.add(
             "gpuscope_workload_gpu_low_activity_seconds_total", (namespace, kind, name), seconds
         )
+    for name, totals in (
+        ("gpuscope_workload_gpu_idle_cause_seconds_total", att.idle_cause_seconds_total),
+        ("gpuscope_workload_gpu_low_activity_cause_seconds_total",
+         att.low_activity_cause_seconds_total),
+    ):  # fmt: skip
+        for cause_key, seconds in sorted(totals.items()):
+            out.add(name, cause_key, seconds)
+    for s in att.startups:
+        pod = (s.pod.namespace, s.pod.name, s.pod.uid, s.pod.workload.kind, s.pod.workload.name)
+        out.add("gpuscope_pod_gpu_startup_seconds", pod, s.seconds)
     for e in att.energy:
         out.add(
             "gpuscope_pod_gpu_energy_joules_total",

@@ -76,3 +76,53 @@ POD_SIGNAL_METRICS: tuple[MetricSpec, ...] = (
         WHERE.format(extra=" with the memory controller"),
     ),
 )
+
+CAUSE_RULE = (
+    "The cause of an interval comes from the workload's holder pods of that device over the "
+    "same interval: input_io, cpu or memory when the largest of the pods' I/O pressure, CPU "
+    "(pressure or throttled time) and memory pressure stalls (`some`) is at least "
+    "--idle-cause-pressure-threshold (default 0.10) of the interval; else network when their "
+    "TCP retransmits reach --idle-cause-retransmit-threshold (default 1 per second; net "
+    "collector only); else none when all three were measured; else unknown (a signal could "
+    "not be read: no cause claimed without evidence). Summed over cause, equals "
+)
+CAUSE_LABELS = ("namespace", "workload_kind", "workload", "cause")
+
+# Why is this GPU idle (issue #16): start-up time and the causes of idle seconds.
+WHY_IDLE_METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec(
+        "gpuscope_pod_gpu_startup_seconds",
+        "gauge",
+        "Seconds from the pod's scheduling (its PodScheduled condition's lastTransitionTime) "
+        "to the first GPU activity of its processes (nonzero SM utilization; on MIG, its GPU "
+        "instance's GPM activity): image pulls, data staging and initialisation. Precise to "
+        "one attribution evaluation (about a scrape interval).",
+        POD,
+        "attribution",
+        "Pods the agent watched from their scheduling, once one of their processes was active "
+        "on a GPU; kept while the pod is listed. Absent, never a guess, for pods scheduled "
+        "before the agent's watch began (or already active when it first saw them).",
+    ),
+    MetricSpec(
+        "gpuscope_workload_gpu_idle_cause_seconds_total",
+        "counter",
+        "The idle GPU-seconds of gpuscope_workload_gpu_idle_seconds_total, each charged to "
+        "one cause (input_io, cpu, memory, network, none, unknown). "
+        + CAUSE_RULE
+        + "gpuscope_workload_gpu_idle_seconds_total.",
+        CAUSE_LABELS,
+        "attribution",
+        "As gpuscope_workload_gpu_idle_seconds_total, every cause from 0.",
+    ),
+    MetricSpec(
+        "gpuscope_workload_gpu_low_activity_cause_seconds_total",
+        "counter",
+        "The low-activity GPU-seconds of gpuscope_workload_gpu_low_activity_seconds_total, "
+        "each charged to one cause (input_io, cpu, memory, network, none, unknown). "
+        + CAUSE_RULE
+        + "gpuscope_workload_gpu_low_activity_seconds_total.",
+        CAUSE_LABELS,
+        "attribution",
+        "As gpuscope_workload_gpu_low_activity_seconds_total, every cause from 0.",
+    ),
+)

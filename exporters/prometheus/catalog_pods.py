@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from gpuscope.exporters.prometheus.catalog_pod_signals import POD_SIGNAL_METRICS
+from gpuscope.exporters.prometheus.catalog_pod_signals import (
+    POD_SIGNAL_METRICS,
+    WHY_IDLE_METRICS,
+)
 from gpuscope.exporters.prometheus.spec import GPU, MetricSpec
 
 WORKLOAD = ("workload_kind", "workload")
@@ -159,4 +162,5 @@ ATTRIBUTION_METRICS: tuple[MetricSpec, ...] = (
         "until the Kubernetes API names the pod.",
     ),
     *POD_SIGNAL_METRICS,
+    *WHY_IDLE_METRICS,
 )

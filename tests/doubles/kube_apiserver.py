@@ -269,10 +269,13 @@ def pod(
     containers: Iterable[Obj] | None = None,
     resource_claims: Iterable[Obj] = (),
     resource_claim_statuses: Iterable[Obj] = (),
+    scheduled_at: float | None = None,
 ) -> Obj:
     """A Pod manifest; `node` empty means not yet scheduled. `resource_claims` is
     `spec.resourceClaims` (see `pod_claim`), `resource_claim_statuses` the names the control
-    plane generated for claims made from templates (`status.resourceClaimStatuses`)."""
+    plane generated for claims made from templates (`status.resourceClaimStatuses`).
+    `scheduled_at` (Unix time) adds the `PodScheduled` condition the scheduler writes when it
+    binds the pod, shaped as a real API server serves it (RFC 3339 in whole seconds, UTC)."""
     metadata: Obj = {"name": name, "namespace": namespace}
     if labels:
         metadata["labels"] = dict(labels)
@@ -294,6 +297,17 @@ def pod(
     status: Obj = {"phase": phase}
     if resource_claim_statuses:
         status["resourceClaimStatuses"] = [dict(c) for c in resource_claim_statuses]
+    if scheduled_at is not None:
+        status["conditions"] = [
+            {
+                "type": "PodScheduled",
+                "status": "True",
+                "lastProbeTime": None,
+                "lastTransitionTime": time.strftime(
+                    "%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(scheduled_at))
+                ),
+            }
+        ]
     return {
         "apiVersion": "v1",
         "kind": "Pod",
