@@ -15,7 +15,7 @@ LINT_PATHS   := agent exporters gpuscope/__init__.py gpuscope/__main__.py tests 
                 scripts/gpu-check bench
 
 .PHONY: all deps venv fakenvml kernel demo test lint typecheck unit integration kernel-tests \
-        e2e deploy-tests oldest-nvml bench golden-update clean
+        e2e deploy-tests oldest-nvml bench bench-fleet golden-update clean
 
 all: venv fakenvml
 
@@ -109,6 +109,12 @@ bench: venv fakenvml kernel
 	$(PY) -W ignore bench/bench_net.py
 	$(PY) -W ignore bench/bench_attribution.py
 	$(PY) bench/server_abuse.py --agent
+
+## A fleet on this machine (about 5 minutes; as root, for the simulated nodes' cgroups): Prometheus
+## scraping 50 simulated nodes' agents with every rule loaded (docs/performance.md, docs/scale.md).
+## Not part of `make bench`. `make bench-fleet FLEET_ARGS="--nodes 10 --duration 60"`.
+bench-fleet: venv fakenvml
+	$(PY) bench/bench_fleet.py $(FLEET_ARGS)
 
 clean:
 	rm -rf $(BUILD) $(VENV)
