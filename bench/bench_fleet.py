@@ -67,6 +67,7 @@ from tests.doubles.fakenvml import control as fakenvml_control  # noqa: E402
 from tests.doubles.fakenvml.control import FakeNvml, ensure_built, load_profile  # noqa: E402
 from tests.doubles.kube_apiserver import owner_reference  # noqa: E402
 from tests.doubles.make_sysfs import write_tree  # noqa: E402
+from tests.doubles.netlab import cgroup_v2_root  # noqa: E402
 from tests.doubles.simnode import GIB, ContainerSpec, SimNode  # noqa: E402
 from tests.support import GPUSCOPE, AgentProcess, free_port, sim_node_args  # noqa: E402
 from tests.support.observability import (  # noqa: E402
@@ -178,7 +179,8 @@ def launch_agent(
         *sim_node_args(node),
         "--kubelet-interval", "10",  # the default; sim_node_args polls every second
         "--collectors", COLLECTORS,
-        "--sysfs", str(sysfs),
+        "--sysfs", str(sysfs),  # NICs and RDMA ports; the pods' cgroups are the host's:
+        "--cgroup-root", str(cgroup_v2_root()),
         "--series-node-label", "true",
         "--log-level", "warning",
         *(["--metrics-detail", level] if level else []),
@@ -499,10 +501,20 @@ def scrape_sizes(agent: AgentProcess) -> tuple[int, int, int]:
     return series, len(plain), len(packed)
 
 
+def series_groups(agent: AgentProcess) -> Counter[str]:
+    """Series of one /metrics by group: gpuscope_gpu_<word>, else gpuscope_<word>."""
+    groups: Counter[str] = Counter()
+    for line in fetch(agent.url + "/metrics", False).decode().splitlines():
+        if line and not line.startswith("#"):
+            words = line.split("{")[0].split(" ")[0].split("_")
+            groups["_".join(words[:3] if words[1:2] == ["gpu"] else words[:2])] += 1
+    return groups
+
+
 def template_values(prom: Prometheus, node: str, elapsed: float, interval: int) -> dict[str, Any]:
     """Each dashboard's variables as a user would set them: every cluster, one node, every
-    GPU, the training workload with the most pods."""
-    top = prom.query("topk(1, count by (namespace, workload) (gpuscope_pod_info))")
+    GPU, the workload holding the most GPUs (a training job)."""
+    top = prom.query("topk(1, count by (namespace, workload) (gpuscope_gpu_allocation_info))")
     labels = top[0]["metric"] if top else {}
     common = {
         "cluster": ".*",
@@ -666,6 +678,9 @@ def run(
 
     # Series and bytes per node, per profile, at each level.
     per_level: dict[str | None, dict[str, list[tuple[int, int, int]]]] = {fleet_level: {}}
+    groups: dict[str | None, Counter[str]] = {}
+    group_node = next(i for i, (p, _) in enumerate(nodes) if p == profiles[0])
+    groups[fleet_level] = series_groups(agents[group_node])
     for (profile, _), agent in zip(nodes, agents, strict=True):
         per_level[fleet_level].setdefault(profile, []).append(scrape_sizes(agent))
     for level in levels[1:]:
@@ -677,6 +692,8 @@ def run(
                 time.sleep(3)
                 scrape_sizes(extra)
                 per_level[level][profile] = [scrape_sizes(extra)]
+                if profile == profiles[0]:
+                    groups[level] = series_groups(extra)
             except AssertionError as err:
                 print(f"level {level}: {str(err).splitlines()[0]}")
             finally:
@@ -696,6 +713,12 @@ def run(
 
     report(args, nodes, levels, level_note, per_level, m0, m1, m2, window, prom_base_rss,
            prom_rss, prom_cores, agent_cores, agent_rss, r0, r1, timed, unhealthy)  # fmt: skip
+    print(f"\nseries of one {profiles[0]} node by metric group, at each level")
+    names = sorted({g for c in groups.values() for g in c},
+                   key=lambda g: -max(c[g] for c in groups.values()))  # fmt: skip
+    print(f"  {'group':<28}" + "".join(f"{level!s:>9}" for level in groups))
+    for name in names:
+        print(f"  {name:<28}" + "".join(f"{c[name]:>9}" for c in groups.values()))
 
 
 def report(
