@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -59,6 +60,14 @@ def _node_name(flag_name: str, text: str) -> str:
     return name
 
 
+def _pattern_problem(text: str) -> str | None:
+    try:
+        re.compile(text)
+    except re.error as exc:
+        return f"not a regular expression: {exc}"
+    return None
+
+
 def _web_config(flag_name: str, text: str) -> WebConfig | None:
     if not text:
         return None
@@ -96,6 +105,28 @@ class AgentOptions:
         False,
         'put node="<node name>" on every series (true/false), for scrapes that do not add it: '
         "a plain Prometheus, a ServiceMonitor without relabeling (docs/deploy.md)",
+    )
+    metrics_detail: str = flag(
+        "default",
+        "default or full: the default level serves per-GPU summaries and the exceptions "
+        "(NVLink errors summed per GPU, only links down or erroring, only throttle reasons "
+        "that apply: at most 40 series per H100), full serves every per-link and per-reason "
+        "series (docs/metrics.md, column Default)",
+        parse=one_of("default", "full"),
+    )
+    metrics_include: str = flag(
+        "",
+        "regular expression of metric names (full match) served whole at any detail level, "
+        "e.g. 'gpuscope_gpu_nvlink_link_.*'",
+        check=lambda v: _pattern_problem(v),
+        shown="none",
+    )
+    metrics_exclude: str = flag(
+        "",
+        "regular expression of metric names (full match) never served (wins over include; "
+        "the gpuscope_collector_* health series cannot be excluded)",
+        check=lambda v: _pattern_problem(v),
+        shown="none",
     )
     collect_deadline: float = flag(
         5.0,

@@ -94,14 +94,32 @@ def _gpm_spec(
     pipe = ("pipe",) if suffix == "pipe_active_ratio" else ()
     mig = prefix == "gpuscope_mig_"
     counter_note = " Starts at 0 when the agent starts." if kind == "counter" else ""
+    detail = suffix in _GPM_DETAIL
     return MetricSpec(
         f"{prefix}{suffix}",
         kind,
         f"{help_text} DCGM: {dcgm}.{_MIG_GPM_NOTE if mig else ''}",
         (*labels, *pipe),
         "gpu",
-        f"{_MIG_GPM_PRESENT if mig else _GPM_PRESENT}{counter_note}",
+        f"{_MIG_GPM_PRESENT if mig else _GPM_PRESENT}{counter_note}"
+        + (f" {_GPM_DETAIL[suffix]}" if detail else ""),
+        at_default="none" if detail else "all",
     )
+
+
+# Served at full detail only: the last window's SM, tensor and DRAM ratios have seconds
+# counters whose rate() is the same figure over any range; occupancy and the pipes are not
+# in dcgm-exporter's default counters either.
+_SAME_AS_RATE = "Full detail only: rate() of the seconds counter is the default level's figure."
+_GPM_DETAIL = {
+    "sm_active_ratio": _SAME_AS_RATE.replace("the seconds counter", "sm_active_seconds_total"),
+    "sm_occupancy_ratio": "Full detail only.",
+    "tensor_active_ratio": _SAME_AS_RATE.replace(
+        "the seconds counter", "tensor_active_seconds_total"
+    ),
+    "dram_active_ratio": _SAME_AS_RATE.replace("the seconds counter", "dram_active_seconds_total"),
+    "pipe_active_ratio": "Full detail only.",
+}
 
 
 _GPM_METRICS = tuple(_gpm_spec("gpuscope_gpu_", GPU, f) for f in _GPM_FAMILIES)
@@ -159,11 +177,11 @@ GPU_METRICS: tuple[MetricSpec, ...] = (
         "How long the agent's outstanding NVML call to this GPU has been blocked, once it "
         "has run past --gpu-read-deadline; 0 while the GPU answers. A stuck GPU reads up 0 "
         "and gets no new call until the blocked one returns (one thread per GPU, never "
-        "more); the other GPUs are read as ever. Exported as 0 rather than left out, so "
-        "that `> 0` and max_over_time() alert without absent().",
+        "more); the other GPUs are read as ever.",
         GPU,
         "gpu",
-        "Every GPU.",
+        "While the GPU is stuck; every GPU (0 when it answers) at full detail.",
+        at_default="some",
     ),
     MetricSpec(
         "gpuscope_gpu_stuck_call_info",
@@ -185,7 +203,8 @@ GPU_METRICS: tuple[MetricSpec, ...] = (
         "remapping state an operator needs.",
         GPU,
         "gpu",
-        "Every GPU.",
+        "While the GPU is fenced; every GPU (0 otherwise) at full detail.",
+        at_default="some",
     ),
     MetricSpec(
         "gpuscope_gpu_fatal_xid_info",
@@ -229,7 +248,9 @@ GPU_METRICS: tuple[MetricSpec, ...] = (
         "1 - rate() of this is the utilization over the time that was sampled.",
         GPU,
         "gpu",
-        "Starts at 0 when the agent starts. Not on MIG-enabled GPUs.",
+        "Not on MIG-enabled GPUs. Once any time went unsampled; from 0 at the agent's start "
+        "at full detail.",
+        at_default="some",
     ),
     MetricSpec(
         "gpuscope_gpu_last_active_timestamp_seconds",
@@ -237,7 +258,9 @@ GPU_METRICS: tuple[MetricSpec, ...] = (
         "Unix time of the last utilization sample above --idle-threshold.",
         GPU,
         "gpu",
-        "After the GPU's first activity seen by this agent.",
+        "Full detail only (gpuscope_gpu_allocated_idle_seconds is the same fact for the "
+        "GPUs that matter), after the GPU's first activity seen by this agent.",
+        at_default="none",
     ),
     # --- GPM: profiling-grade activity (Hopper and later) ------------------------------------
     *_GPM_METRICS,
@@ -289,6 +312,8 @@ GPU_METRICS: tuple[MetricSpec, ...] = (
         "Current clock frequency by clock domain (graphics, sm, memory).",
         (*GPU, "clock"),
         "gpu",
+        'clock="sm" and "memory" (DCGM\'s default clocks); graphics too at full detail.',
+        at_default="some",
     ),
     MetricSpec(
         "gpuscope_gpu_clock_max_hertz",
@@ -296,6 +321,8 @@ GPU_METRICS: tuple[MetricSpec, ...] = (
         "Maximum clock frequency by clock domain.",
         (*GPU, "clock"),
         "gpu",
+        "Full detail only.",
+        at_default="none",
     ),
     MetricSpec(
         "gpuscope_gpu_throttle_reasons",
@@ -303,8 +330,11 @@ GPU_METRICS: tuple[MetricSpec, ...] = (
         "1 if the reason currently holds clocks down (nvmlDeviceGetCurrentClocksEventReasons).",
         (*GPU, "reason"),
         "gpu",
-        "Every known reason, 0 or 1: idle, applications_clocks, sw_power_cap, hw_slowdown, "
-        "sync_boost, sw_thermal, hw_thermal, hw_power_brake, display_clocks.",
+        "The reasons that hold the clocks down now (1), idle excepted; at full detail every "
+        "known reason, 0 or 1: idle, applications_clocks, sw_power_cap, hw_slowdown, "
+        "sync_boost, sw_thermal, hw_thermal, hw_power_brake, display_clocks. Share of time "
+        "throttled: sum_over_time() over count_over_time(gpuscope_gpu_up), at either level.",
+        at_default="some",
     ),
     # --- PCIe -------------------------------------------------------------------------------
     MetricSpec(
@@ -363,22 +393,44 @@ GPU_METRICS: tuple[MetricSpec, ...] = (
         "GPUs with NVLink.",
     ),
     MetricSpec(
-        "gpuscope_gpu_nvlink_up",
+        "gpuscope_gpu_nvlink_links",
         "gauge",
-        "1 if the NVLink is active.",
-        (*GPU, "link"),
+        "The GPU's NVLinks by state (up: active, down: not). A PCIe card without a bridge "
+        "reports every link down.",
+        (*GPU, "state"),
         "gpu",
-        "GPUs with NVLink, one series per link.",
+        "GPUs with NVLink.",
     ),
     MetricSpec(
         "gpuscope_gpu_nvlink_errors_total",
         "counter",
-        "NVLink errors by link and type: crc_flit, crc_data, replay, recovery (up to Hopper); "
-        "recovery (successful link recoveries) and recovery_failed (the link went down) on "
-        "NVLink5 (Blackwell), where NVML has no CRC or replay counters.",
+        "NVLink errors summed over the GPU's links, by type: crc_flit, crc_data, replay, "
+        "recovery (up to Hopper); recovery (successful link recoveries) and recovery_failed "
+        "(the link went down) on NVLink5 (Blackwell), where NVML has no CRC or replay "
+        "counters. Per link: gpuscope_gpu_nvlink_link_errors_total.",
+        (*GPU, "type"),
+        "gpu",
+        "GPUs with NVLink. crc_data from links 0-11 (NVML has no field for higher links).",
+    ),
+    MetricSpec(
+        "gpuscope_gpu_nvlink_link_up",
+        "gauge",
+        "1 if the NVLink is active.",
+        (*GPU, "link"),
+        "gpu",
+        "Links that are down or have errors; every link at full detail.",
+        at_default="some",
+    ),
+    MetricSpec(
+        "gpuscope_gpu_nvlink_link_errors_total",
+        "counter",
+        "NVLink errors of one link, by type (as gpuscope_gpu_nvlink_errors_total).",
         (*GPU, "link", "type"),
         "gpu",
-        "GPUs with NVLink. crc_data only on links 0-11 (NVML has no field for higher links).",
+        "Links that are down or have errors (every type of such a link); every link at full "
+        "detail. A link's series appear with its first error at the default level: alert on "
+        "the per-GPU sums.",
+        at_default="some",
     ),
     MetricSpec(
         "gpuscope_gpu_nvlink_link_transmit_bytes_total",
@@ -386,7 +438,8 @@ GPU_METRICS: tuple[MetricSpec, ...] = (
         "Data bytes sent over one NVLink.",
         (*GPU, "link"),
         "gpu",
-        "Only with --nvlink-per-link (18 series per H100).",
+        "Full detail, or --nvlink-per-link (18 series per H100).",
+        at_default="none",
     ),
     MetricSpec(
         "gpuscope_gpu_nvlink_link_receive_bytes_total",
@@ -394,7 +447,8 @@ GPU_METRICS: tuple[MetricSpec, ...] = (
         "Data bytes received over one NVLink.",
         (*GPU, "link"),
         "gpu",
-        "Only with --nvlink-per-link.",
+        "Full detail, or --nvlink-per-link.",
+        at_default="none",
     ),
     # --- errors -----------------------------------------------------------------------------
     MetricSpec(
@@ -414,7 +468,9 @@ GPU_METRICS: tuple[MetricSpec, ...] = (
         "prove nothing).",
         GPU,
         "gpu",
-        "Every GPU, where NVML events are available at all.",
+        "Where NVML events are available at all: the GPUs it refused (0); every GPU at full "
+        "detail.",
+        at_default="some",
     ),
     MetricSpec(
         "gpuscope_gpu_processes_refused",

@@ -25,6 +25,7 @@ from gpuscope.agent.self_stats import ProcessStats
 from gpuscope.agent.sources import SourceResult
 from gpuscope.exporters.prometheus import catalog
 from gpuscope.exporters.prometheus.attribution import render_attribution
+from gpuscope.exporters.prometheus.detail import MetricSelection
 from gpuscope.exporters.prometheus.families import Families
 from gpuscope.exporters.prometheus.pod_bound import PodBound, per_pod_sources
 from gpuscope.exporters.prometheus.render import RenderContext, Renderer, renderer_of
@@ -45,6 +46,7 @@ class GpuscopeCollector(Collector):
         self._renderers = dict(renderers) if renderers is not None else _registered(config)
         self._render_failed: set[str] = set()
         self._pod_bound = _pod_bound(config)
+        self._selection = selection_of(config)
 
     def describe(self) -> list[Metric]:
         return []  # nothing to describe up front; keeps registration from collecting
@@ -59,7 +61,7 @@ class GpuscopeCollector(Collector):
     def families(self) -> Families:
         scraped = self._collect()
         collection, attribution = scraped.collection, scraped.attribution
-        out = Families()
+        out = Families(self._selection)
         if self._config.agent.series_node_label:
             out.with_constant_labels({"node": self._config.agent.node_name})
         out.add("gpuscope_build_info", _build_labels(scraped), 1)
@@ -95,7 +97,7 @@ class GpuscopeCollector(Collector):
     def _render(self, name: str, out: Families, render: Callable[[Families], None]) -> bool:
         """Render into a batch of its own, merged only if rendering succeeded: one broken
         renderer marks its collector failed and leaves the rest of the scrape intact."""
-        batch = Families()
+        batch = Families(self._selection)
         try:
             render(batch)
         except Exception:
@@ -106,6 +108,17 @@ class GpuscopeCollector(Collector):
         self._render_failed.discard(name)
         out.merge(batch)
         return True
+
+
+def selection_of(config: Config) -> MetricSelection:
+    """The detail level and filters; --nvlink-per-link includes the per-link throughput."""
+    per_link = GPU.name in config.collector_options and config.of(GPU).nvlink_per_link
+    return MetricSelection.from_flags(
+        config.agent.metrics_detail,
+        config.agent.metrics_include,
+        config.agent.metrics_exclude,
+        also_include=r"gpuscope_gpu_nvlink_link_(transmit|receive)_bytes_total" if per_link else "",
+    )
 
 
 def _pod_bound(config: Config) -> PodBound:

@@ -38,6 +38,14 @@ Label conventions:
   (for scrape configs that add no node label; docs/deploy.md).
 - A value the device does not support is omitted, never exported as 0. "Present" below says
   when a series exists.
+
+Detail level (`--metrics-detail`, exporters/prometheus/detail.py): the column "Default" says
+what the default level serves of each metric: all its series, some (the exceptions a
+healthy node does not have, or per-GPU summaries: "Present" says which) or none (served at
+`--metrics-detail=full` only). At the default level an 8x H100 node serves 40 series per GPU
+(plus one per distinct XID a GPU reported); at full detail, 186. `--metrics-include`
+serves the matching metrics whole at any level; `--metrics-exclude` removes them (the
+`gpuscope_collector_*` health series excepted). docs/scale.md has the arithmetic.
 """
 
 
@@ -74,11 +82,14 @@ def _of(source: str) -> list[MetricSpec]:
 
 def _section(lines: list[str], title: str, metrics: Sequence[MetricSpec]) -> None:
     lines.append(title)
-    lines.append("| Metric | Type | Labels | Description | Present |")
-    lines.append("|---|---|---|---|---|")
+    lines.append("| Metric | Type | Labels | Description | Present | Default |")
+    lines.append("|---|---|---|---|---|---|")
     for m in metrics:
         labels = ", ".join(f"`{label}`" for label in m.labels)
-        lines.append(f"| `{m.name}` | {m.kind} | {labels} | {m.help} | {m.note or 'Always.'} |")
+        lines.append(
+            f"| `{m.name}` | {m.kind} | {labels} | {m.help} | {m.note or 'Always.'} "
+            f"| {m.at_default} |"
+        )
     lines.append("")
 
 

@@ -14,6 +14,10 @@ neither exposition can fail on a label value. The check costs about 50 ns a samp
 Labels set with `with_constant_labels` go on every series at render time, not in the
 catalog: `--series-node-label` puts the node's name in `node` this way, so that a plain
 Prometheus scrape config needs no relabeling.
+
+A set is built for a `MetricSelection` (the detail level and filters, detail.py): samples of
+a family it leaves out are dropped as they are added, and `full(name)` tells a renderer
+whether to render every series of a family the default level serves only some of.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from prometheus_client.core import (
 )
 
 from gpuscope.agent.hostfs import label_text
+from gpuscope.exporters.prometheus.detail import EVERYTHING, MetricSelection, Mode
 from gpuscope.exporters.prometheus.spec import MetricSpec
 
 Sample = tuple[tuple[str, ...], float]
@@ -40,11 +45,21 @@ HistogramSample = tuple[tuple[str, ...], tuple[tuple[float, int], ...], float]
 class Families:
     """Samples grouped by metric; metrics with no samples are never emitted."""
 
-    def __init__(self) -> None:
+    def __init__(self, selection: MetricSelection = EVERYTHING) -> None:
         self._samples: dict[str, list[Sample]] = {}
         self._histograms: dict[str, list[HistogramSample]] = {}
         self._by_name, self._order = _catalog()
         self._constant: tuple[tuple[str, str], ...] = ()
+        self.selection = selection
+
+    def full(self, name: str) -> bool:
+        """Whether every series of `name` is wanted (the full level, an include filter, or a
+        family the default level serves whole); False for one served in part or not at all."""
+        return _mode(self.selection, name) == "full"
+
+    def wanted(self, name: str) -> bool:
+        """Whether any series of `name` is served (False: excluded, or detail only)."""
+        return _mode(self.selection, name) != "off"
 
     def with_constant_labels(self, labels: Mapping[str, str]) -> Families:
         """Every series of this set rendered with `labels` too (names no metric declares)."""
@@ -53,6 +68,8 @@ class Families:
 
     def add(self, name: str, labels: Sequence[str], value: float) -> None:
         spec = self._by_name[name]  # KeyError: the metric is not in the catalog
+        if _mode(self.selection, name) == "off":
+            return
         samples = self._samples.get(name)
         if samples is None:
             samples = self._samples[name] = []
@@ -73,6 +90,8 @@ class Families:
             raise ValueError(f"{name}: not a histogram with labels {spec.labels}")
         if not buckets or not math.isinf(buckets[-1][0]):
             raise ValueError(f"{name}: the last bucket must be +Inf")
+        if _mode(self.selection, name) == "off":
+            return
         self._histograms.setdefault(name, []).append((_valid(labels), tuple(buckets), sum_value))
 
     def merge(self, other: Families) -> None:
@@ -192,6 +211,11 @@ def _catalog() -> tuple[Mapping[str, MetricSpec], Mapping[str, int]]:
     from gpuscope.exporters.prometheus import catalog
 
     return catalog.BY_NAME, catalog.ORDER
+
+
+@cache
+def _mode(selection: MetricSelection, name: str) -> Mode:
+    return selection.mode(_catalog()[0][name])
 
 
 @cache

@@ -1,5 +1,10 @@
 """GPU records -> Prometheus samples. Device series carry `gpu` and `uuid` only; everything
-else about a GPU is on `gpuscope_gpu_info`, so device series stay stable while pods churn."""
+else about a GPU is on `gpuscope_gpu_info`, so device series stay stable while pods churn.
+
+At the default detail level (exporters/prometheus/detail.py) the families declared
+`at_default="some"` are rendered in part: the exceptions a healthy GPU does not have (a link
+down or erroring, a throttle reason that applies, a stuck or fenced GPU) and per-GPU sums;
+`out.full(name)` says when to render them whole."""
 
 from __future__ import annotations
 
@@ -20,12 +25,17 @@ def render_gpu(
     snapshot: GpuSnapshot, out: Families, ctx: RenderContext[GpuOptions] | None = None
 ) -> None:
     """Every GPU's samples into `out`; within a family they are emitted in the order added."""
-    per_link = ctx.options.nvlink_per_link if ctx is not None else False
     for reading in snapshot.gpus:
-        _render_one(snapshot, reading, out, per_link=per_link)
+        _render_one(snapshot, reading, out)
 
 
-def _render_one(snapshot: GpuSnapshot, r: GpuReading, out: Families, *, per_link: bool) -> None:
+# The clocks and throttle reasons served at the default level (all of them at full detail):
+# DCGM's default counters have the SM and memory clocks; "idle" is not a slowdown.
+DEFAULT_CLOCKS = frozenset({"sm", "memory"})
+NOT_A_SLOWDOWN = frozenset({"idle"})
+
+
+def _render_one(snapshot: GpuSnapshot, r: GpuReading, out: Families) -> None:
     """One GPU. A GPU that is down keeps its info, `up` and XID series, so alerts on it
     still have their labels, and gets nothing else."""
     dev = (str(r.identity.index), r.identity.uuid)
@@ -35,25 +45,30 @@ def _render_one(snapshot: GpuSnapshot, r: GpuReading, out: Families, *, per_link
     for xid, count in sorted(r.xid_errors.items()):
         out.add("gpuscope_gpu_xid_errors_total", (*dev, str(xid)), count)
     if snapshot.xid_watched is not None:
-        out.add("gpuscope_gpu_xid_events_watched", dev, 1 if dev[1] in snapshot.xid_watched else 0)
+        watched = dev[1] in snapshot.xid_watched
+        if not watched or out.full("gpuscope_gpu_xid_events_watched"):
+            out.add("gpuscope_gpu_xid_events_watched", dev, 1 if watched else 0)
     if dev[1] in snapshot.processes_refused:
         out.add("gpuscope_gpu_processes_refused", dev, 1)
     if not r.up:
         return
     _render_scalars(r, dev, out)
     _render_labelled(r, dev, out)
-    _render_nvlinks(r.nvlinks, dev, out, per_link=per_link)
+    _render_nvlinks(r.nvlinks, dev, out)
     _render_gpm("gpuscope_gpu_", dev, r.gpm, r, out)
     _render_mig(r.mig_instances, dev, out)
 
 
 def _render_blocked(r: GpuReading, dev: DeviceLabels, out: Families) -> None:
-    """Why a GPU is not being read: stuck in a call, or fenced after a fatal XID. The two
-    gauges are on every GPU (0 when it answers), the info series only while it applies."""
-    out.add("gpuscope_gpu_stuck_seconds", dev, r.stuck_seconds or 0.0)
+    """Why a GPU is not being read: stuck in a call, or fenced after a fatal XID. At full
+    detail the two gauges are on every GPU (0 when it answers); at the default level, and
+    the info series always, only while they apply."""
+    if r.stuck_seconds or out.full("gpuscope_gpu_stuck_seconds"):
+        out.add("gpuscope_gpu_stuck_seconds", dev, r.stuck_seconds or 0.0)
     if r.stuck_seconds is not None and r.stuck_call:
         out.add("gpuscope_gpu_stuck_call_info", (*dev, r.stuck_call), 1)
-    out.add("gpuscope_gpu_fenced", dev, 1 if r.fenced_xid is not None else 0)
+    if r.fenced_xid is not None or out.full("gpuscope_gpu_fenced"):
+        out.add("gpuscope_gpu_fenced", dev, 1 if r.fenced_xid is not None else 0)
     if r.fenced_xid is not None:
         out.add("gpuscope_gpu_fatal_xid_info", (*dev, str(r.fenced_xid)), 1)
 
@@ -86,7 +101,6 @@ def _render_scalars(r: GpuReading, dev: DeviceLabels, out: Families) -> None:
         ("gpuscope_gpu_utilization_ratio", r.utilization_ratio),
         ("gpuscope_gpu_memory_utilization_ratio", r.memory_utilization_ratio),
         ("gpuscope_gpu_busy_seconds_total", r.busy_seconds),
-        ("gpuscope_gpu_unsampled_seconds_total", r.unsampled_seconds),
         ("gpuscope_gpu_last_active_timestamp_seconds", r.last_active_timestamp),
         ("gpuscope_gpu_memory_used_bytes", r.memory_used_bytes),
         ("gpuscope_gpu_memory_total_bytes", r.memory_total_bytes),
@@ -105,6 +119,11 @@ def _render_scalars(r: GpuReading, dev: DeviceLabels, out: Families) -> None:
     for name, value in scalars:
         if value is not None:
             out.add(name, dev, float(value))
+    # Time no sample covered: at the default level once there is any (a healthy sampler has
+    # none), at full detail from 0.
+    unsampled = r.unsampled_seconds
+    if unsampled is not None and (unsampled or out.full("gpuscope_gpu_unsampled_seconds_total")):
+        out.add("gpuscope_gpu_unsampled_seconds_total", dev, float(unsampled))
     if r.recovery_action is not None:
         action = fields.recovery_action_name(r.recovery_action)
         code = str(r.recovery_action)
@@ -113,13 +132,19 @@ def _render_scalars(r: GpuReading, dev: DeviceLabels, out: Families) -> None:
 
 def _render_labelled(r: GpuReading, dev: DeviceLabels, out: Families) -> None:
     """Families with one extra label (sensor, clock, reason, current/max, error kind), one
-    sample per key the reading has, in the reading's own key order."""
+    sample per key the reading has, in the reading's own key order; at the default level
+    the SM and memory clocks and the reasons that hold the clocks down."""
     labelled: tuple[tuple[str, Mapping[str, float] | Mapping[str, int] | Mapping[str, bool]], ...]
+    clocks, reasons = r.clocks_hertz, r.throttle_reasons
+    if not out.full("gpuscope_gpu_clock_hertz"):
+        clocks = {k: v for k, v in clocks.items() if k in DEFAULT_CLOCKS}
+    if not out.full("gpuscope_gpu_throttle_reasons"):
+        reasons = {k: v for k, v in reasons.items() if v and k not in NOT_A_SLOWDOWN}
     labelled = (
         ("gpuscope_gpu_temperature_celsius", r.temperatures_celsius),
-        ("gpuscope_gpu_clock_hertz", r.clocks_hertz),
+        ("gpuscope_gpu_clock_hertz", clocks),
         ("gpuscope_gpu_clock_max_hertz", r.clocks_max_hertz),
-        ("gpuscope_gpu_throttle_reasons", r.throttle_reasons),
+        ("gpuscope_gpu_throttle_reasons", reasons),
         ("gpuscope_gpu_pcie_link_generation", r.pcie_link_generation),
         ("gpuscope_gpu_pcie_link_width", r.pcie_link_width),
         ("gpuscope_gpu_ecc_errors_total", r.ecc_errors),
@@ -130,31 +155,43 @@ def _render_labelled(r: GpuReading, dev: DeviceLabels, out: Families) -> None:
             out.add(name, (*dev, label), float(value))
 
 
-def _render_nvlinks(
-    links: Sequence[NvLink], dev: DeviceLabels, out: Families, *, per_link: bool
-) -> None:
-    """Per-link state and errors always; per-link throughput only with `per_link`, because
-    it multiplies the byte series by the link count (18 per H100) and the GPU totals
-    usually suffice."""
+def _render_nvlinks(links: Sequence[NvLink], dev: DeviceLabels, out: Families) -> None:
+    """Per GPU: how many links are up and down, errors summed over the links by type, and
+    the throughput totals (a scalar above). Per link: state and errors of the links that are
+    down or have errors at the default level (every link at full detail), throughput only
+    at full detail or with --nvlink-per-link (18 series per H100 each)."""
+    if not links:
+        return
+    states = [link.up for link in links if link.up is not None]
+    if states:
+        out.add("gpuscope_gpu_nvlink_links", (*dev, "up"), sum(1 for up in states if up))
+        out.add("gpuscope_gpu_nvlink_links", (*dev, "down"), sum(1 for up in states if not up))
+    totals: dict[str, int] = {}
+    for link in links:
+        for kind, count in link.errors.items():
+            totals[kind] = totals.get(kind, 0) + count
+    for kind, count in totals.items():
+        out.add("gpuscope_gpu_nvlink_errors_total", (*dev, kind), count)
+    every_up = out.full("gpuscope_gpu_nvlink_link_up")
+    every_errors = out.full("gpuscope_gpu_nvlink_link_errors_total")
     for link in links:
         link_id = str(link.link)
-        if link.up is not None:
-            out.add("gpuscope_gpu_nvlink_up", (*dev, link_id), 1 if link.up else 0)
-        for kind, count in link.errors.items():
-            out.add("gpuscope_gpu_nvlink_errors_total", (*dev, link_id, kind), count)
-        if per_link:
-            if link.transmit_bytes is not None:
-                out.add(
-                    "gpuscope_gpu_nvlink_link_transmit_bytes_total",
-                    (*dev, link_id),
-                    link.transmit_bytes,
-                )
-            if link.receive_bytes is not None:
-                out.add(
-                    "gpuscope_gpu_nvlink_link_receive_bytes_total",
-                    (*dev, link_id),
-                    link.receive_bytes,
-                )
+        troubled = link.up is False or any(link.errors.values())
+        if link.up is not None and (every_up or troubled):
+            out.add("gpuscope_gpu_nvlink_link_up", (*dev, link_id), 1 if link.up else 0)
+        if every_errors or troubled:
+            for kind, count in link.errors.items():
+                out.add("gpuscope_gpu_nvlink_link_errors_total", (*dev, link_id, kind), count)
+        if link.transmit_bytes is not None:
+            out.add(
+                "gpuscope_gpu_nvlink_link_transmit_bytes_total",
+                (*dev, link_id),
+                link.transmit_bytes,
+            )
+        if link.receive_bytes is not None:
+            out.add(
+                "gpuscope_gpu_nvlink_link_receive_bytes_total", (*dev, link_id), link.receive_bytes
+            )
 
 
 def _render_mig(instances: Sequence[MigInstance], dev: DeviceLabels, out: Families) -> None:

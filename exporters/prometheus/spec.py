@@ -6,6 +6,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 Kind = Literal["gauge", "counter", "histogram"]
+# What --metrics-detail=default serves of a family: all its series, some (the exceptions a
+# healthy node does not have: links down, reasons that apply; the note says which) or none.
+# --metrics-detail=full and --metrics-include serve every series (exporters/prometheus/detail.py).
+AtDefault = Literal["all", "some", "none"]
 
 GPU = ("gpu", "uuid")
 
@@ -18,6 +22,7 @@ class MetricSpec:
     labels: tuple[str, ...]
     source: str
     note: str = ""  # when the series is present, for the docs
+    at_default: AtDefault = "all"
 
     @property
     def family_name(self) -> str:

@@ -12,9 +12,11 @@ notebooks, GPU 7 free) with daemonset/rules/dcgm-compat.rules.yml loaded, and
   timestamp (so both read the same samples): % = ratio x 100, MiB, MHz, mJ, KiB/s, MB/s, and
   XID_ERRORS the highest XID number counted on the GPU, computed here from the xid labels.
 
-On the fake's MIG profile (GPUs 6 and 7 in MIG mode), each GPU instance also has its own
-FB_USED, FB_FREE and DCGM_FI_PROF_* series with GPU_I_ID and GPU_I_PROFILE, valued as its MIG
-devices' gpuscope_mig_* series.
+The whole-GPU check runs the agent at the default detail level: SM, tensor and DRAM activity
+are then the seconds counters' rate over a minute, and SM occupancy and the FP pipes (full
+detail only) record nothing. On the fake's MIG profile (GPUs 6 and 7 in MIG mode), run at
+full detail, each GPU instance also has its own FB_USED, FB_FREE and DCGM_FI_PROF_* series
+with GPU_I_ID and GPU_I_PROFILE, valued as its MIG devices' gpuscope_mig_* series.
 
 A scrape ingested just after a rule evaluation can make one round of comparisons differ for
 a gauge that moved; the checks repeat until one round passes, within a bounded wait.
@@ -82,10 +84,14 @@ SOURCES: dict[str, str] = {
     "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": 'gpuscope_gpu_remapped_rows_total{type="correctable"}',
     "DCGM_FI_DEV_ROW_REMAP_FAILURE": "gpuscope_gpu_row_remap_failure",
     "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "gpuscope_gpu_graphics_engine_active_ratio",
-    "DCGM_FI_PROF_SM_ACTIVE": "gpuscope_gpu_sm_active_ratio",
+    # At the default detail level: the last minute's mean from the seconds counters.
+    "DCGM_FI_PROF_SM_ACTIVE": "rate(gpuscope_gpu_sm_active_seconds_total[1m])",
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "rate(gpuscope_gpu_tensor_active_seconds_total[1m])",
+    "DCGM_FI_PROF_DRAM_ACTIVE": "rate(gpuscope_gpu_dram_active_seconds_total[1m])",
+}
+# Sources served at full detail only: these record nothing at the default level.
+FULL_DETAIL_ONLY = {
     "DCGM_FI_PROF_SM_OCCUPANCY": "gpuscope_gpu_sm_occupancy_ratio",
-    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "gpuscope_gpu_tensor_active_ratio",
-    "DCGM_FI_PROF_DRAM_ACTIVE": "gpuscope_gpu_dram_active_ratio",
     "DCGM_FI_PROF_PIPE_FP64_ACTIVE": 'gpuscope_gpu_pipe_active_ratio{pipe="fp64"}',
     "DCGM_FI_PROF_PIPE_FP32_ACTIVE": 'gpuscope_gpu_pipe_active_ratio{pipe="fp32"}',
     "DCGM_FI_PROF_PIPE_FP16_ACTIVE": 'gpuscope_gpu_pipe_active_ratio{pipe="fp16"}',
@@ -101,7 +107,7 @@ def compat_names() -> list[str]:
 
 
 def test_every_compatibility_series_has_a_source_here() -> None:
-    assert sorted(compat_names()) == sorted([*SOURCES, *COMPUTED_HERE])
+    assert sorted(compat_names()) == sorted([*SOURCES, *FULL_DETAIL_ONLY, *COMPUTED_HERE])
 
 
 @dataclass
@@ -155,10 +161,10 @@ def _query_at(prom: Prometheus, expr: str, at: float) -> list[dict[str, Any]]:
 
 def _xid_values(prom: Prometheus, at: float) -> dict[str, float]:
     """DCGM's XID_ERRORS as the compatibility layer defines it, from gpuscope's counters:
-    the highest XID number counted on the GPU, 0 where XID events are watched and none came."""
-    values = {
-        uuid: 0.0 for uuid in _by_uuid(_query_at(prom, "gpuscope_gpu_xid_events_watched == 1", at))
-    }
+    the highest XID number counted on the GPU, 0 where XID events are watched and none came
+    (the default detail level serves the watched flag only where it is 0)."""
+    watched = "gpuscope_gpu_info unless on (uuid) gpuscope_gpu_xid_events_watched == 0"
+    values = {uuid: 0.0 for uuid in _by_uuid(_query_at(prom, watched, at))}
     for s in _query_at(prom, "gpuscope_gpu_xid_errors_total", at):
         uuid = s["metric"]["uuid"]
         values[uuid] = max(values.get(uuid, 0.0), float(s["metric"]["xid"]))
@@ -174,7 +180,12 @@ def check_round(node: CompatNode) -> dict[str, str]:
         holders[s["metric"]["uuid"]].add(tuple(s["metric"][k] for k in HOLDER_LABELS))
     if len(info) != GPUS or not any(holders.values()):
         return {"sources": f"{len(info)} GPUs in gpuscope_gpu_info, holders {holders}"}
+    for name in FULL_DETAIL_ONLY:
+        if prom.query(name):
+            problems[name] = "recorded at the default detail level, whose sources are full only"
     for name in compat_names():
+        if name in FULL_DETAIL_ONLY:
+            continue
         series = prom.query(f"{name}{{Hostname='{SIM_NODE}'}}")
         got_holders: dict[str, set[tuple[str, ...]]] = {uuid: set() for uuid in info}
         for s in series:
@@ -337,7 +348,10 @@ def test_mig_gpu_instances_get_their_own_series_with_gpu_i_id_and_profile(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     fake = FakeNvml(MIG_PROFILE, tmp_path / "mig.state")
-    agent = agent_process("--collectors", "gpu", "--labels-mode", "none", env=fake.env())
+    agent = agent_process(
+        "--collectors", "gpu", "--labels-mode", "none", "--metrics-detail", "full",
+        env=fake.env(),
+    )  # fmt: skip
     monkeypatch.setattr(prometheus_e2e, "RULES", DCGM_COMPAT)
     prom = prometheus_e2e.start_prometheus(tmp_path / "prom", {SIM_NODE: f"127.0.0.1:{agent.port}"})
     try:

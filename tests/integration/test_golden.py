@@ -18,6 +18,13 @@ import pytest
 from tests.support import GOLDEN_DIR, wait_for
 
 PROFILES = ["dgx-h100", "hgx-a100-mig", "pcie-l40s", "mixed", "dgx-h100-mig"]
+# Golden file name -> (profile, agent flags): each profile at the default detail level, and
+# the H100 nodes at full detail (every per-link, per-reason and per-pipe series).
+GOLDENS = {
+    **{p: (p, ()) for p in PROFILES},
+    "dgx-h100-full": ("dgx-h100", ("--metrics-detail", "full")),
+    "dgx-h100-mig-full": ("dgx-h100-mig", ("--metrics-detail", "full")),
+}
 UPDATE = os.environ.get("GPUSCOPE_UPDATE_GOLDEN") == "1"
 
 
@@ -47,10 +54,11 @@ def scripted(h) -> str:
 
 
 @pytest.mark.pinned_bindings("the golden files hold NVML's NUMA node, absent before 12.550")
-@pytest.mark.parametrize("profile", PROFILES)
-def test_metrics_match_golden(inprocess, profile: str) -> None:
-    text = scripted(inprocess(profile))
-    path = GOLDEN_DIR / f"{profile}.prom"
+@pytest.mark.parametrize("golden", GOLDENS)
+def test_metrics_match_golden(inprocess, golden: str) -> None:
+    profile, flags = GOLDENS[golden]
+    text = scripted(inprocess(profile, *flags))
+    path = GOLDEN_DIR / f"{golden}.prom"
     if UPDATE:
         path.write_text(text)
     assert path.exists(), f"no golden file {path}: run `make golden-update`"
@@ -66,11 +74,11 @@ def test_metrics_match_golden(inprocess, profile: str) -> None:
         pytest.fail(f"/metrics differs from {path.name} (make golden-update if intended):\n{diff}")
 
 
-@pytest.mark.parametrize("profile", PROFILES)
-def test_golden_passes_promtool(profile: str) -> None:
+@pytest.mark.parametrize("golden", GOLDENS)
+def test_golden_passes_promtool(golden: str) -> None:
     promtool = shutil.which("promtool")
     assert promtool, "promtool missing: scripts/install-deps.sh installs Debian's prometheus"
-    text = (GOLDEN_DIR / f"{profile}.prom").read_text()
+    text = (GOLDEN_DIR / f"{golden}.prom").read_text()
     result = subprocess.run(
         [promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False
     )

@@ -70,7 +70,7 @@ def test_gpm_seconds_are_the_exact_integral_of_the_activity(inprocess, step: flo
 
 
 def test_ratios_are_the_last_window_and_differ_from_nvml_utilization(inprocess) -> None:
-    h = inprocess("dgx-h100")
+    h = inprocess("dgx-h100", "--metrics-detail", "full")
     h.fake.set_utilization(1, 100)  # "a kernel is always running" ...
     h.fake.set_gpm_activity(1, sm_active=0.1, sm_occupancy=0.05, tensor=0.0, dram=0.02,
                             fp32=0.08, fp64=0.0, fp16=0.0, integer=0.03)  # fmt: skip
@@ -87,7 +87,7 @@ def test_ratios_are_the_last_window_and_differ_from_nvml_utilization(inprocess) 
 
 
 def test_mig_instances_have_their_own_gpm_series(inprocess) -> None:
-    h = inprocess("dgx-h100-mig")
+    h = inprocess("dgx-h100-mig", "--metrics-detail", "full")
     start = h.fake.now
     h.fake.set_utilization_pattern(6, PATTERN)
     devices = h.fake.mig_devices(6)
@@ -115,7 +115,7 @@ def test_mig_instances_have_their_own_gpm_series(inprocess) -> None:
 
 @pytest.mark.parametrize("profile", ["hgx-a100-mig", "pcie-l40s"])
 def test_gpus_without_gpm_export_none_of_the_families(inprocess, profile: str) -> None:
-    h = inprocess(profile)
+    h = inprocess(profile, "--metrics-detail", "full")
     h.fake.set_utilization(0, 80)
     h.advance(3)
     m = h.scrape()
@@ -126,7 +126,7 @@ def test_gpus_without_gpm_export_none_of_the_families(inprocess, profile: str) -
 
 
 def test_mixed_node_has_gpm_on_the_hoppers_only(inprocess) -> None:
-    h = inprocess("mixed")
+    h = inprocess("mixed", "--metrics-detail", "full")
     h.advance(3)
     m = h.scrape()
     hopper = set(m.by_label("gpuscope_gpu_info", "gpu", architecture="hopper"))

@@ -58,7 +58,7 @@ def test_the_fatal_xids_are_the_ones_that_stop_the_driver_answering() -> None:
 def test_a_fatal_xid_fences_the_gpu_and_a_probe_backs_off_until_it_answers(
     inprocess, caplog
 ) -> None:
-    h = inprocess("dgx-h100")
+    h = inprocess("dgx-h100", "--metrics-detail", "full")
     seen = calls_on(h, 2)
     with caplog.at_level(logging.INFO, logger="gpuscope.gpu"):
         fence(h, 2, 119)
@@ -98,7 +98,7 @@ def test_a_fatal_xid_fences_the_gpu_and_a_probe_backs_off_until_it_answers(
 
 
 def test_a_gpu_fallen_off_the_bus_stays_fenced_until_it_is_back(inprocess) -> None:
-    h = inprocess("dgx-h100")
+    h = inprocess("dgx-h100", "--metrics-detail", "full")
     h.fake.lose_gpu(4)
     fence(h, 4, 79)
     tick_to(h, 31)  # two probes, both answered GPU_IS_LOST
@@ -111,7 +111,7 @@ def test_a_gpu_fallen_off_the_bus_stays_fenced_until_it_is_back(inprocess) -> No
 
 
 def test_other_xids_are_counted_and_the_gpu_is_still_read(inprocess) -> None:
-    h = inprocess("dgx-h100")
+    h = inprocess("dgx-h100", "--metrics-detail", "full")
     h.fake.inject_xid(0, 48)  # a double-bit ECC error: the driver still answers
     wait_for(
         lambda: h.gpu.xid is not None and h.gpu.xid.counts(h.fake.gpu_uuid(0)).get(48) == 1,

@@ -64,7 +64,7 @@ def gate_idle(h: InProcess, gpu: int) -> Callable[[], bool]:
 def test_one_hung_gpu_is_down_with_its_stuck_time_and_the_others_stay_fresh(
     inprocess, caplog
 ) -> None:
-    h = inprocess("dgx-h100", "--gpu-read-deadline", DEADLINE)
+    h = inprocess("dgx-h100", "--metrics-detail", "full", "--gpu-read-deadline", DEADLINE)
     h.advance(2)
     h.fake.hang_call("nvmlDeviceGetPowerUsage", gpu=3)
     h.fake.set_power(4, 321.0)
@@ -127,7 +127,7 @@ def test_scrapes_while_a_gpu_hangs_queue_nothing_and_start_no_thread(inprocess) 
 
 
 def test_the_sampler_keeps_integrating_the_other_gpus(inprocess) -> None:
-    h = inprocess("dgx-h100", "--gpu-read-deadline", DEADLINE)
+    h = inprocess("dgx-h100", "--metrics-detail", "full", "--gpu-read-deadline", DEADLINE)
     h.fake.set_utilization_pattern(0, [(3.0, 80.0, 40.0), (2.0, 10.0, 5.0)])
     h.fake.set_utilization(3, 50)
     h.advance(2)
@@ -153,7 +153,7 @@ def test_the_sampler_keeps_integrating_the_other_gpus(inprocess) -> None:
 
 def test_a_slow_gpu_is_confined_like_a_hung_one(inprocess) -> None:
     """Each call on GPU 2 takes 2 s: one read of it (dozens of calls) would take minutes."""
-    h = inprocess("dgx-h100", "--gpu-read-deadline", DEADLINE)
+    h = inprocess("dgx-h100", "--metrics-detail", "full", "--gpu-read-deadline", DEADLINE)
     h.advance(1)
     h.fake.set_call_latency(2.0, gpu=2)
     for _ in range(3):
@@ -168,7 +168,14 @@ def test_a_slow_gpu_is_confined_like_a_hung_one(inprocess) -> None:
 
 
 def test_a_gpu_hung_from_the_start_is_reported_and_found_when_it_answers(inprocess) -> None:
-    h = inprocess("dgx-h100", "--gpu-read-deadline", DEADLINE, setup=lambda f: f.hang_call(gpu=5))
+    h = inprocess(
+        "dgx-h100",
+        "--metrics-detail",
+        "full",
+        "--gpu-read-deadline",
+        DEADLINE,
+        setup=lambda f: f.hang_call(gpu=5),
+    )
     metrics = scrape_within(h)
     assert len(metrics.series("gpuscope_gpu_up")) == 8
     assert metrics.value("gpuscope_gpu_up", gpu="5") == 0

@@ -22,7 +22,7 @@ def test_no_nvml_errors_other_than_not_supported(inprocess, profile: str) -> Non
 
 @pytest.mark.pinned_bindings("expects NVML's NUMA node, absent before nvidia-ml-py 12.550")
 def test_h100_values_are_in_base_units(inprocess) -> None:
-    h = inprocess("dgx-h100")
+    h = inprocess("dgx-h100", "--metrics-detail", "full")
     h.fake.set_utilization(0, 100, 50)
     h.fake.set_memory_used(0, 40_000 * MIB)
     h.advance(2)
@@ -79,25 +79,32 @@ def test_h100_energy_and_pcie_counters_increase_with_work(inprocess) -> None:
 
 
 def test_nvswitch_gpu_has_18_links_with_state_and_errors(inprocess) -> None:
-    h = inprocess("dgx-h100")
+    h = inprocess("dgx-h100", "--metrics-detail", "full")
     h.fake.set_nvlink_up(2, 5, False)
     h.fake.add_nvlink_errors(2, 5, "replay", 3)
     h.fake.add_nvlink_errors(2, 14, "crc_flit", 2)
     m = h.scrape()
-    up = m.by_label("gpuscope_gpu_nvlink_up", "link", gpu="2")
+    up = m.by_label("gpuscope_gpu_nvlink_link_up", "link", gpu="2")
     assert len(up) == 18
     assert up["5"] == 0 and sum(up.values()) == 17
-    assert m.value("gpuscope_gpu_nvlink_errors_total", gpu="2", link="5", type="replay") == 3
-    assert m.value("gpuscope_gpu_nvlink_errors_total", gpu="2", link="14", type="crc_flit") == 2
-    kinds = {dict(k)["type"] for k in m.series("gpuscope_gpu_nvlink_errors_total", gpu="2")}
+    assert m.by_label("gpuscope_gpu_nvlink_links", "state", gpu="2") == {"up": 17, "down": 1}
+    per_link = "gpuscope_gpu_nvlink_link_errors_total"
+    assert m.value(per_link, gpu="2", link="5", type="replay") == 3
+    assert m.value(per_link, gpu="2", link="14", type="crc_flit") == 2
+    kinds = {dict(k)["type"] for k in m.series(per_link, gpu="2")}
     assert kinds == {"crc_flit", "crc_data", "replay", "recovery"}
     # crc_data exists only for links 0-11 in NVML's field ids.
-    assert m.get("gpuscope_gpu_nvlink_errors_total", gpu="2", link="14", type="crc_data") is None
-    # Per-link throughput is off by default: 8 GPUs x 18 links x 2 is a lot of series.
-    assert not m.series("gpuscope_gpu_nvlink_link_transmit_bytes_total")
+    assert m.get(per_link, gpu="2", link="14", type="crc_data") is None
+    # The per-GPU sums over the links.
+    assert m.value("gpuscope_gpu_nvlink_errors_total", gpu="2", type="replay") == 3
+    assert m.value("gpuscope_gpu_nvlink_errors_total", gpu="2", type="crc_flit") == 2
+    assert len(m.series("gpuscope_gpu_nvlink_errors_total", gpu="2")) == 4
+    # Per-link throughput is full detail too: 8 GPUs x 18 links x 2.
+    assert len(m.series("gpuscope_gpu_nvlink_link_transmit_bytes_total")) == 8 * 18
 
 
 def test_per_link_nvlink_throughput_behind_a_flag(inprocess) -> None:
+    """--nvlink-per-link serves the per-link throughput at the default detail level."""
     h = inprocess("dgx-h100", "--nvlink-per-link")
     h.fake.set_utilization(0, 70)
     h.advance(5)
@@ -115,7 +122,8 @@ def test_pcie_only_gpus_omit_what_they_do_not_support(inprocess) -> None:
     m = h.scrape()
     assert len(m.series("gpuscope_gpu_up")) == 4
     for absent in (
-        "gpuscope_gpu_nvlink_up",
+        "gpuscope_gpu_nvlink_links",
+        "gpuscope_gpu_nvlink_link_up",
         "gpuscope_gpu_nvlink_errors_total",
         "gpuscope_gpu_nvlink_transmit_bytes_total",
         "gpuscope_gpu_nvlink_receive_bytes_total",
@@ -161,16 +169,22 @@ def test_mixed_node_reports_both_models(inprocess) -> None:
     assert len(models) == 2
 
 
-def test_throttle_reasons_and_degraded_pcie_link(inprocess) -> None:
-    h = inprocess("dgx-h100")
+@pytest.mark.parametrize("detail", ["default", "full"])
+def test_throttle_reasons_and_degraded_pcie_link(inprocess, detail: str) -> None:
+    h = inprocess("dgx-h100", "--metrics-detail", detail)
     h.fake.set_utilization(4, 100)
     h.fake.set_throttle_reasons(4, 0x40 | 0x04)  # hw thermal + sw power cap
+    h.fake.set_throttle_reasons(5, 0x01)  # idle: clocks low because there is no work
     h.fake.set_pcie_link(4, generation=3, width=8)
     h.advance(1)
     m = h.scrape()
     reasons = m.by_label("gpuscope_gpu_throttle_reasons", "reason", gpu="4")
     assert {r for r, v in reasons.items() if v == 1} == {"hw_thermal", "sw_power_cap"}
-    assert len(reasons) == 9
+    idle = m.by_label("gpuscope_gpu_throttle_reasons", "reason", gpu="5")
+    if detail == "full":  # every reason, 0 or 1
+        assert len(reasons) == 9 and idle["idle"] == 1
+    else:  # only the reasons that hold the clocks down; idle is no slowdown
+        assert len(reasons) == 2 and idle == {}
     assert m.value("gpuscope_gpu_pcie_link_generation", gpu="4", state="current") == 3
     assert m.value("gpuscope_gpu_pcie_link_width", gpu="4", state="current") == 8
 

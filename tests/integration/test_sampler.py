@@ -12,7 +12,7 @@ PATTERN = [(7.0, 90.0, 40.0), (5.0, 0.0, 0.0), (11.0, 35.0, 10.0), (3.0, 100.0, 
 
 @pytest.mark.parametrize("step", [1.0, 0.4, 2.5, 15.0])
 def test_busy_seconds_match_true_integral_over_60_seconds(inprocess, step: float) -> None:
-    h = inprocess("dgx-h100")
+    h = inprocess("dgx-h100", "--metrics-detail", "full")
     start = h.fake.now
     h.fake.set_utilization_pattern(0, PATTERN)
     h.advance(60, step=step)
@@ -25,7 +25,7 @@ def test_busy_seconds_match_true_integral_over_60_seconds(inprocess, step: float
 
 
 def test_idle_gpu_accumulates_nothing_and_keeps_no_last_active(inprocess) -> None:
-    h = inprocess("dgx-h100")
+    h = inprocess("dgx-h100", "--metrics-detail", "full")
     h.fake.set_utilization(1, 0)
     h.advance(30)
     metrics = h.scrape()
@@ -34,7 +34,7 @@ def test_idle_gpu_accumulates_nothing_and_keeps_no_last_active(inprocess) -> Non
 
 
 def test_last_active_is_the_last_busy_sample_not_the_scrape(inprocess) -> None:
-    h = inprocess("dgx-h100")
+    h = inprocess("dgx-h100", "--metrics-detail", "full")
     h.fake.set_utilization_pattern(2, [(10.0, 50.0, 10.0), (50.0, 0.0, 0.0)], repeat=False)
     busy_until = h.fake.now + 10
     h.advance(40)
@@ -46,7 +46,7 @@ def test_last_active_is_the_last_busy_sample_not_the_scrape(inprocess) -> None:
 
 
 def test_idle_threshold_ignores_light_background_load(inprocess) -> None:
-    h = inprocess("dgx-h100", "--idle-threshold", "0.05")
+    h = inprocess("dgx-h100", "--metrics-detail", "full", "--idle-threshold", "0.05")
     h.fake.set_utilization(3, 3)  # a monitoring probe, not a training job
     h.advance(10)
     assert h.scrape().get("gpuscope_gpu_last_active_timestamp_seconds", gpu="3") is None
@@ -65,7 +65,7 @@ def test_a_stalled_sampler_never_invents_busy_time(inprocess) -> None:
     """After a 300 s stall on a busy GPU (NVML's ring holds 20 s), busy time grows by what
     the ring still holds plus at most one period; the rest is unsampled, and busy + not
     busy + unsampled is the wall time."""
-    h = inprocess("dgx-h100")
+    h = inprocess("dgx-h100", "--metrics-detail", "full")
     h.fake.set_utilization(0, 100)
     h.advance(10)
     before = h.scrape()
@@ -92,7 +92,7 @@ def test_pcie_throughput_is_read_one_gpu_per_tick_outside_the_tick_lock(
     8 GPUs every tick held the tick lock for 320 ms a second; now one GPU a tick, unlocked."""
     import pynvml
 
-    h = inprocess("dgx-h100")
+    h = inprocess("dgx-h100", "--metrics-detail", "full")
     sampler = h.gpu.sampler
     assert sampler is not None
     calls: list[tuple[int, bool]] = []

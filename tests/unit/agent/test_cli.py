@@ -74,6 +74,12 @@ def test_environment_variables_and_flags_override_them() -> None:
             ["--collection-max-age", "inf"],
             "--collection-max-age: expected a finite number, got 'inf'",
         ),
+        (["--metrics-detail", "all"], "--metrics-detail: expected default or full, got 'all'"),
+        (
+            ["--metrics-include", "gpuscope_(gpu"],
+            "--metrics-include: not a regular expression: missing ), unterminated subpattern "
+            "at position 9",
+        ),
         # argv that is not UTF-8 reaches Python as surrogate escapes (os.fsdecode)
         (["--node-name", "gpu\udcff-7"], "--node-name: not valid UTF-8: 'gpu\\xff-7'"),
     ],
