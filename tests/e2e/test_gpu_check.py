@@ -53,6 +53,7 @@ ALL_CHECKS = {
     "fields",
     "costs",
     "xid_registration",
+    "series_budget",
     "xid_delivery",
     "nvidia_smi",
     "nvml_errors",
