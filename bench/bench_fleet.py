@@ -54,7 +54,6 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parents[1]
@@ -76,6 +75,7 @@ from tests.support.observability import (  # noqa: E402
     label_values_query,
     substitute,
 )
+from tests.support.prometheus_process import PrometheusFailed, launch_prometheus  # noqa: E402
 
 RULE_FILES = sorted((REPO / "daemonset" / "rules").glob("*.yml"))
 PROFILES = ("dgx-h100", "dgx-h100", "dgx-h100-mig", "hgx-a100-mig", "pcie-l40s", "mixed")
@@ -417,11 +417,6 @@ def start_prometheus(
     """Debian's prometheus (as tests/e2e/test_prometheus_e2e.py runs it), scraping every
     127.0.0.1:<port> as job gpuscope with a `cluster` target label; the agents put `node` on
     their series themselves (--series-node-label)."""
-    binary = shutil.which("prometheus")
-    if binary is None:
-        raise SystemExit("prometheus is not installed (scripts/install-deps.sh installs it)")
-    tmp.mkdir(parents=True, exist_ok=True)
-    port = free_port()
     config: dict[str, Any] = {
         "global": {
             "scrape_interval": f"{interval}s",
@@ -442,36 +437,13 @@ def start_prometheus(
     }  # fmt: skip
     if remote_port is not None:
         config["remote_write"] = [{"url": f"http://127.0.0.1:{remote_port}/api/v1/write"}]
-    (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
-    log = tmp / "prometheus.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [
-                binary,
-                f"--config.file={tmp / 'prometheus.yml'}",
-                f"--storage.tsdb.path={tmp / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--log.level=warn",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            text=True,
-            preexec_fn=_die_with_parent,
+    try:
+        url, proc, log = launch_prometheus(
+            tmp, config, ready_timeout=60, preexec_fn=_die_with_parent
         )
-    prom = Prometheus(f"http://127.0.0.1:{port}", proc, log)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"prometheus exited {proc.returncode}:\n{log.read_text()[-3000:]}")
-        with (
-            contextlib.suppress(OSError),
-            urllib.request.urlopen(prom.url + "/-/ready", timeout=2) as resp,
-        ):
-            if resp.status == 200:
-                return prom
-        time.sleep(0.2)
-    proc.kill()
-    raise SystemExit(f"prometheus not ready after 60 s:\n{log.read_text()[-3000:]}")
+    except PrometheusFailed as exc:
+        raise SystemExit(str(exc)) from None
+    return Prometheus(url, proc, log)
 
 
 def stop_process(proc: subprocess.Popen[str]) -> None:

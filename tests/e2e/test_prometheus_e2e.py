@@ -48,7 +48,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from tests.doubles.fakenvml.control import FakeNvml
 from tests.doubles.kube_apiserver import owner_reference
@@ -74,6 +73,7 @@ from tests.support.observability import (
     selectors,
     substitute,
 )
+from tests.support.prometheus_process import PrometheusFailed, launch_prometheus
 
 pytestmark = [
     pytest.mark.slow,
@@ -263,11 +263,6 @@ def start_prometheus(
     """Debian's prometheus on loopback, scraping {node: host:port} as job gpuscope (the
     static `node` label stands in for the PodMonitor's relabeling from the pod's node;
     nodes in `agent_labelled` get none: their agent adds it, --series-node-label)."""
-    binary = shutil.which("prometheus")
-    if binary is None:
-        pytest.fail("prometheus is not installed (scripts/install-deps.sh installs it)")
-    tmp.mkdir(parents=True, exist_ok=True)
-    port = free_port()
     config = {
         "global": {
             "scrape_interval": f"{SCRAPE_INTERVAL_S}s",
@@ -290,36 +285,11 @@ def start_prometheus(
             }
         ],
     }
-    (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
-    log = tmp / "prometheus.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [
-                binary,
-                f"--config.file={tmp / 'prometheus.yml'}",
-                f"--storage.tsdb.path={tmp / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--log.level=warn",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-    prom = Prometheus(f"http://127.0.0.1:{port}", proc, log)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"prometheus exited {proc.returncode}:\n{prom.logs()}")
-        with (
-            contextlib.suppress(OSError),
-            urllib.request.urlopen(prom.url + "/-/ready", timeout=1) as resp,
-        ):
-            if resp.status == 200:
-                prom.started = time.time()
-                return prom
-        time.sleep(0.1)
-    proc.kill()
-    pytest.fail(f"prometheus not ready after 20 s:\n{prom.logs()}")
+    try:
+        url, proc, log = launch_prometheus(tmp, config)
+    except PrometheusFailed as exc:
+        pytest.fail(str(exc))
+    return Prometheus(url, proc, log)
 
 
 # --- the node -------------------------------------------------------------------------------

@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from tests.doubles.fakenvml.control import FakeNvml
 from tests.e2e.test_prometheus_e2e import SCRAPE_INTERVAL_S, Prometheus
 from tests.support.common import GPUSCOPE, REPO, free_port
+from tests.support.prometheus_process import PrometheusFailed, launch_prometheus
 from tests.support.tls import Pki, bcrypt_hash, make_pki, write_web_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -169,42 +169,16 @@ def test_prometheus_scrapes_over_https_with_basic_auth_and_with_a_client_certifi
 def start_prometheus_with(folder: Path, jobs: list[dict[str, Any]]) -> Prometheus:
     """Debian's prometheus on loopback with these scrape jobs, once ready (start_prometheus
     in test_prometheus_e2e.py writes its own job; these need scheme, TLS and credentials)."""
-    folder.mkdir(parents=True, exist_ok=True)
     interval = f"{SCRAPE_INTERVAL_S}s"
     config = {
         "global": {"scrape_interval": interval, "scrape_timeout": interval},
         "scrape_configs": jobs,
     }
-    (folder / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = free_port()
-    log = folder / "prometheus.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [
-                "prometheus",
-                f"--config.file={folder / 'prometheus.yml'}",
-                f"--storage.tsdb.path={folder / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--log.level=warn",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-    prom = Prometheus(f"http://127.0.0.1:{port}", proc, log)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"prometheus exited {proc.returncode}:\n{prom.logs()}")
-        try:
-            with urllib.request.urlopen(prom.url + "/-/ready", timeout=1) as resp:
-                if resp.status == 200:
-                    return prom
-        except OSError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    pytest.fail(f"prometheus not ready after 20 s:\n{prom.logs()}")
+    try:
+        url, proc, log = launch_prometheus(folder, config)
+    except PrometheusFailed as exc:
+        pytest.fail(str(exc))
+    return Prometheus(url, proc, log)
 
 
 @pytest.mark.parametrize(
