@@ -51,15 +51,12 @@ class Families:
         self._by_name, self._order = _catalog()
         self._constant: tuple[tuple[str, str], ...] = ()
         self.selection = selection
+        self._modes = _modes(selection)  # looked up on every add: one dict, built once
 
     def full(self, name: str) -> bool:
         """Whether every series of `name` is wanted (the full level, an include filter, or a
         family the default level serves whole); False for one served in part or not at all."""
-        return _mode(self.selection, name) == "full"
-
-    def wanted(self, name: str) -> bool:
-        """Whether any series of `name` is served (False: excluded, or detail only)."""
-        return _mode(self.selection, name) != "off"
+        return self._modes[name] == "full"
 
     def with_constant_labels(self, labels: Mapping[str, str]) -> Families:
         """Every series of this set rendered with `labels` too (names no metric declares)."""
@@ -68,7 +65,7 @@ class Families:
 
     def add(self, name: str, labels: Sequence[str], value: float) -> None:
         spec = self._by_name[name]  # KeyError: the metric is not in the catalog
-        if _mode(self.selection, name) == "off":
+        if self._modes[name] == "off":
             return
         samples = self._samples.get(name)
         if samples is None:
@@ -90,7 +87,7 @@ class Families:
             raise ValueError(f"{name}: not a histogram with labels {spec.labels}")
         if not buckets or not math.isinf(buckets[-1][0]):
             raise ValueError(f"{name}: the last bucket must be +Inf")
-        if _mode(self.selection, name) == "off":
+        if self._modes[name] == "off":
             return
         self._histograms.setdefault(name, []).append((_valid(labels), tuple(buckets), sum_value))
 
@@ -214,8 +211,9 @@ def _catalog() -> tuple[Mapping[str, MetricSpec], Mapping[str, int]]:
 
 
 @cache
-def _mode(selection: MetricSelection, name: str) -> Mode:
-    return selection.mode(_catalog()[0][name])
+def _modes(selection: MetricSelection) -> Mapping[str, Mode]:
+    """What `selection` serves of each metric of the catalog (a few selections per process)."""
+    return {name: selection.mode(spec) for name, spec in _catalog()[0].items()}
 
 
 @cache
