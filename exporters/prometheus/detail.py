@@ -18,10 +18,11 @@ always say whether its collectors worked.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from gpuscope.exporters.prometheus.spec import MetricSpec
+from gpuscope.exporters.prometheus.spec import AtDefault, MetricSpec
 
 Mode = Literal["full", "some", "off"]
 
@@ -58,7 +59,8 @@ class MetricSelection:
             return "off"
         if self.full or (self.include is not None and self.include.fullmatch(spec.name)):
             return "full"
-        return {"all": "full", "some": "some", "none": "off"}[spec.at_default]  # type: ignore[return-value]
+        return _AT_DEFAULT[spec.at_default]
 
 
+_AT_DEFAULT: Mapping[AtDefault, Mode] = {"all": "full", "some": "some", "none": "off"}
 EVERYTHING = MetricSelection()
