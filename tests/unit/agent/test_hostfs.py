@@ -6,17 +6,14 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import subprocess
-import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from gpuscope.agent.hostfs import DEFAULT_CAP, HostFs, label_text, read_file
-from tests.support.common import REPO
+from gpuscope.agent.hostfs import DEFAULT_CAP, FileRead, HostFs, label_text, read_file
 
 # --- content ------------------------------------------------------------------------------
 
@@ -141,29 +138,43 @@ def denied_file() -> Iterator[Path]:
 
 
 def test_a_denied_file_is_unreadable(denied_file: Path) -> None:
-    """A real EACCES: root reads anything, so the file is read by a child process running
-    as nobody; a test run without root is refused the file itself."""
-    code = (
-        "import sys; from gpuscope.agent.hostfs import read_file; r = read_file(sys.argv[1]); "
-        "print(r.problem, r.error)"
-    )
-    try:
-        run = subprocess.run(
-            [sys.executable, "-c", code, str(denied_file)],
-            user=65534,
-            group=65534,
-            cwd=REPO,
-            env={"PYTHONPATH": str(REPO)},
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        out = run.stdout
-    except PermissionError:  # not allowed to switch users: this process is nobody enough
-        read = read_file(denied_file)
-        out = f"{read.problem} {read.error}"
+    """A real EACCES: root reads anything, so the file is read by a forked child that drops
+    to nobody first. The child imports nothing and opens nothing of the checkout, which may
+    sit in a directory nobody cannot enter (a clone under /root or `mktemp -d`). A test run
+    without root is refused the file itself."""
+    if os.geteuid() != 0:
+        out = _describe(read_file(denied_file))
+    else:
+        out = _as_nobody(lambda: _describe(read_file(denied_file)))
     assert out.startswith("unreadable cannot read"), out
     assert "EACCES" in out
+
+
+def _describe(read: FileRead) -> str:
+    return f"{read.problem} {read.error}"
+
+
+def _as_nobody(task: Callable[[], str]) -> str:
+    """Runs `task` in a forked child as uid and gid 65534 and returns what it returned."""
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: drop privileges, report, and leave without pytest's cleanup
+        status = 1
+        try:
+            os.close(reader)
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            os.write(writer, task().encode())
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(writer)
+    with os.fdopen(reader, "rb") as pipe:
+        out = pipe.read().decode()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, out
+    return out
 
 
 # --- names ------------------------------------------------------------------------------------
