@@ -15,7 +15,7 @@ LINT_PATHS   := agent exporters gpuscope/__init__.py gpuscope/__main__.py tests 
                 scripts/gpu-check bench
 
 .PHONY: all deps venv fakenvml kernel demo test lint typecheck unit integration kernel-tests \
-        e2e deploy-tests oldest-nvml bench bench-fleet golden-update clean
+        e2e deploy-tests image image-test oldest-nvml bench bench-fleet golden-update clean
 
 all: venv fakenvml
 
@@ -74,9 +74,22 @@ e2e: venv fakenvml kernel
 deploy-tests: venv fakenvml
 	$(PY) -m pytest tests/deploy $(PYTEST_ARGS)
 
-## Lint, types and every tier, then the GPU collector again on the oldest supported bindings.
-test: lint typecheck fakenvml kernel
-	$(PY) -m pytest $(PYTEST_ARGS)
+## The agent image (daemonset/Dockerfile), built with podman: no registry or container engine
+## needed (scripts/build-image.sh). Tagged as the DaemonSet names it.
+VERSION      := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' gpuscope/__init__.py)
+IMAGE        ?= ghcr.io/gpuscope/gpuscope:$(VERSION)
+image: deps venv
+	@bash scripts/build-image.sh $(IMAGE) $(VERSION)
+
+## The agent run from the image's file system, mounted as the DaemonSet mounts it, on the fake
+## NVML and the kubelet double (tests/image; root: chroot, mounts).
+image-test: venv fakenvml kernel
+	GPUSCOPE_IMAGE=$(IMAGE) $(PY) -m pytest tests/image $(PYTEST_ARGS)
+
+## Lint, types, the image and every tier (tests/image included), then the GPU collector again
+## on the oldest supported bindings.
+test: lint typecheck fakenvml kernel image
+	GPUSCOPE_IMAGE=$(IMAGE) $(PY) -m pytest $(PYTEST_ARGS)
 	@$(MAKE) --no-print-directory oldest-nvml
 
 ## The oldest nvidia-ml-py gpuscope supports (README "Supported versions"), in a second venv

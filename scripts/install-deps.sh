@@ -15,6 +15,8 @@ packages=(
   iproute2          # network namespaces and veth pairs
   libcap2-bin       # capsh: least-privilege tests
   bpftool           # per-program BPF run-time statistics in bench/bench_net.py
+  podman            # `make image`: builds daemonset/Dockerfile without a Docker engine
+  mmdebstrap        # `make image`: the Debian base image, where no registry is reachable
 )
 
 missing=()

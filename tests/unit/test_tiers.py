@@ -14,7 +14,11 @@ from tests import conftest
 from tests.support import REPO, REQUIRE_ROOT_ENV, require_root
 
 TESTS = REPO / "tests"
-TIER_MARKERS = {"kernel": {"kernel"}, "e2e": {"e2e"}}  # at least these, module-wide
+TIER_MARKERS = {
+    "kernel": {"kernel"},
+    "e2e": {"e2e"},
+    "image": {"e2e"},
+}  # at least these, module-wide
 NOT_IN = ("unit", "integration", "deploy")  # no root, kernel or e2e marker, and no uid checks
 
 

@@ -1,0 +1,190 @@
+"""The agent image, run from its own file system as the DaemonSet runs it (tests/support/image.py):
+its version, its size budget, and an agent whose GPU, kubelet and net collectors work with
+only what the image carries (its bcc, its fallback kernel headers) and what the DaemonSet
+mounts. `make image` builds the image first; `make image-test` runs this module alone."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuscope import __version__
+from tests.doubles.fakenvml.control import STATE_ENV, FakeNvml
+from tests.doubles.kubelet_server import KubeletServer, container, devices, pod
+from tests.support.common import free_port
+from tests.support.image import (
+    NVML_IN_IMAGE,
+    ImageRoot,
+    Mount,
+    daemonset_args_env,
+    daemonset_capabilities,
+    daemonset_mounts,
+    inspect,
+    require_image,
+)
+from tests.support.promtext import Exposition
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.slow,
+    pytest.mark.root(reason="chroot and mounts into the image's file system"),
+]
+
+SIZE_BUDGET = 500_000_000  # bytes (issue #20; docs/deploy.md, "Image size")
+FALLBACK_HEADERS = "/opt/gpuscope/kernel-headers"  # the Dockerfile's fallback tree
+FAKE_STATE_DIR = "/run/fakenvml"  # the fake NVML's script, inside the container
+
+
+@pytest.fixture(scope="module")
+def image() -> str:
+    return require_image()
+
+
+@pytest.fixture
+def image_root(image: str) -> Iterator[ImageRoot]:
+    with ImageRoot(image, f"gpuscope-image-test-{os.getpid()}") as root:
+        yield root
+
+
+def test_the_image_says_the_package_version(image: str, image_root: ImageRoot) -> None:
+    run = image_root.chroot("gpuscope", "--version")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["gpuscope", __version__], run.stdout
+    labels = inspect(image)["Config"]["Labels"]
+    assert labels["org.opencontainers.image.version"] == __version__
+
+
+def test_the_image_fits_its_size_budget(image: str) -> None:
+    size = int(inspect(image)["Size"])
+    assert size <= SIZE_BUDGET, f"{image} is {size / 1e6:.0f} MB, budget {SIZE_BUDGET / 1e6:.0f}"
+
+
+def _installed_packages(root: Path) -> set[str]:
+    status = (root / "var/lib/dpkg/status").read_text()
+    packages, name = set(), ""
+    for line in status.splitlines():
+        if line.startswith("Package: "):
+            name = line.split(": ", 1)[1]
+        elif line.startswith("Status: ") and line.endswith(" installed"):
+            packages.add(name)
+    return packages
+
+
+def test_the_image_carries_no_build_tools(image_root: ImageRoot) -> None:
+    """What the agent never opens at run time stays out (docs/deploy.md, "Image size"): no
+    compiler, header packages, perl beyond Debian's essential perl-base, pip or setuptools,
+    and no downloaded packages."""
+    installed = _installed_packages(image_root.root)
+    assert "python3-bpfcc" in installed  # the reading is right
+    unwanted = {"perl", "usrmerge", "gcc", "python3-pip", "python3-venv", "python3-setuptools"}
+    unwanted |= {p for p in installed if p.startswith(("linux-headers-", "libclang-1", "clang"))}
+    leftovers = sorted(installed & unwanted)
+    site = next((image_root.root / "opt/gpuscope/venv/lib").glob("python3*/site-packages"))
+    leftovers += [p.name for p in site.iterdir() if p.name in ("setuptools", "pip")]
+    debs = list((image_root.root / "var/cache/apt/archives").glob("*.deb"))
+    assert not leftovers and not debs, (leftovers, debs[:3])
+
+
+def _scrape(port: int) -> Exposition | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            return Exposition(resp.read().decode())
+    except (OSError, urllib.error.URLError):
+        return None
+
+
+def _collectors_up(metrics: Exposition | None, names: tuple[str, ...]) -> bool:
+    if metrics is None:
+        return False
+    success = metrics.by_label("gpuscope_collector_success", "collector")
+    return all(success.get(n) == 1.0 for n in names)
+
+
+def test_the_agent_runs_from_the_image_as_the_daemonset_mounts_it(
+    image_root: ImageRoot, fake_lib: Path, tmp_path: Path
+) -> None:
+    state_dir = tmp_path / "fakenvml"
+    state_dir.mkdir()
+    fake = FakeNvml("dgx-h100", state_dir / "state")
+    gpu0 = fake.profile["gpus"][0]["uuid"]
+    empty_modules, empty_src = tmp_path / "lib-modules", tmp_path / "usr-src"
+    empty_modules.mkdir()
+    empty_src.mkdir()
+    with contextlib.ExitStack() as stack:
+        kubelet = stack.enter_context(KubeletServer())
+        kubelet.set_pods(
+            pod("team-a", "trainer-0", container("main", devices("nvidia.com/gpu", gpu0)))
+        )
+        # A node without kernel headers (the volumes' host paths are optional): the net
+        # collector must compile its probes against the image's fallback tree.
+        mounts = daemonset_mounts(
+            {
+                "pod-resources": str(kubelet.directory),
+                "lib-modules": str(empty_modules),
+                "usr-src": str(empty_src),
+            }
+        )
+        # What the NVIDIA container runtime injects (here the fake), and the fake's script.
+        mounts += [
+            Mount(NVML_IN_IMAGE, str(fake_lib), True),
+            Mount(FAKE_STATE_DIR, str(state_dir), True),
+        ]
+        args, env = daemonset_args_env(
+            {
+                "spec.nodeName": "image-node",
+                "metadata.namespace": "gpuscope",
+                "metadata.name": "gpuscope-abcde",
+                "metadata.uid": "00000000-0000-0000-0000-000000000001",
+            }
+        )
+        port = free_port()
+        # The manifest's own arguments, then what this node lacks: no API server (pods
+        # collector, node labels) and a loopback port of the test's choosing.
+        overrides = [
+            f"--listen=127.0.0.1:{port}",
+            "--collectors=gpu,net,nic,rdma,kubelet",
+            "--labels-mode=none",
+            "--kubelet-interval=1",
+        ]
+        entrypoint = list(image_root.config["Entrypoint"])
+        log_path = tmp_path / "agent.log"
+        agent = image_root.spawn(
+            mounts,
+            [*entrypoint, *args, *overrides],
+            {**env, STATE_ENV: f"{FAKE_STATE_DIR}/state"},
+            daemonset_capabilities(),
+            log_path,
+        )
+        stack.callback(agent.wait, 15)
+        stack.callback(agent.terminate)
+        wanted = ("gpu", "kubelet", "net", "nic")
+        deadline = time.monotonic() + 60
+        metrics = None
+        while time.monotonic() < deadline and agent.poll() is None:
+            metrics = _scrape(port)
+            if (
+                _collectors_up(metrics, wanted)
+                and metrics is not None
+                and metrics.get("gpuscope_gpu_allocation_info", pod="trainer-0")
+            ):
+                break
+            time.sleep(0.5)
+        log = log_path.read_text()
+        assert agent.poll() is None, f"the agent exited {agent.returncode}:\n{log}"
+        assert metrics is not None, log
+        assert _collectors_up(metrics, wanted), (
+            metrics.by_label("gpuscope_collector_success", "collector"),
+            log,
+        )
+        assert len(metrics.series("gpuscope_gpu_info")) == 8
+        assert metrics.get("gpuscope_gpu_allocation_info", pod="trainer-0", uuid=gpu0) == 1.0
+        assert metrics.get("gpuscope_build_info", version=__version__) == 1.0
+        assert f"kernel headers {FALLBACK_HEADERS}, from fallback" in log, log
+        assert metrics.series("gpuscope_bpf_probe_info"), log
