@@ -1,7 +1,8 @@
 """`gpuscope`: parse flags, start the sources, serve until SIGTERM/SIGINT.
 
 Without a command, `gpuscope [flags]` is the agent (serve). Commands are argparse subparsers
-with their own flags and help (`gpuscope labels --help`); `gpuscope --help` lists them.
+with their own flags and help (`gpuscope labels --help`, `gpuscope check --help`);
+`gpuscope --help` lists them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
+from gpuscope.agent import check as first_contact
 from gpuscope.agent import labels_cli, logs
 from gpuscope.agent.app import Agent
 from gpuscope.agent.config import Config, ConfigError, parse
@@ -40,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     labels_cli.add_arguments(
         commands.add_parser("labels", help=labels_cli.SUMMARY, description=labels_cli.DESCRIPTION)
     )
+    # Listed here; parsed by the check itself, imported only when it runs (main()).
+    commands.add_parser("check", help=first_contact.SUMMARY, add_help=False)
     return parser
 
 
@@ -47,6 +51,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["labels"]:
         return labels_cli.labels_main(args[1:])
+    if args[:1] == ["check"]:
+        from gpuscope.agent.check.main import main as check_main
+
+        return check_main(args[1:])
     # --help, --version and unknown flags end here (argparse: exit 0 or 2).
     command = build_parser().parse_args(args).command
     if command is not None:

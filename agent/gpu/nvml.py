@@ -224,7 +224,7 @@ class Nvml:
         request = tuple(fields)
         lib = self.lib
         try:
-            values = self._fetch_fields(handle, request)
+            values = self.field_slots(handle, request)
         except lib.NVMLError as exc:
             self._absent("nvmlDeviceGetFieldValues", _Failed(int(exc.value), str(exc)), frozenset())
             values = None
@@ -244,8 +244,12 @@ class Nvml:
             out.append(None)
         return out
 
-    def _fetch_fields(self, handle: Any, request: tuple[tuple[int, int], ...]) -> Any:
-        """pynvml's nvmlDeviceGetFieldValues without its Python work per field: the request
+    def field_slots(self, handle: Any, request: tuple[tuple[int, int], ...]) -> Any:
+        """The raw nvmlFieldValue_t array of one batched nvmlDeviceGetFieldValues call (return
+        code, value type, latency and timestamp per field, as NVML filled them in), for
+        `field_values` and `gpuscope check`'s field census.
+
+        pynvml's nvmlDeviceGetFieldValues without its Python work per field: the request
         (ids and scopes, 123 of them per GPU per scrape) is built once per field list and
         copied with one memmove; NVML fills in the rest."""
         lib = self.lib

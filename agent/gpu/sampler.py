@@ -197,6 +197,26 @@ class _GpuState:
 
 
 @dataclass(frozen=True, slots=True)
+class UtilAccounting:
+    """One GPU's utilization integrator as it stands, and how the sampler reads that GPU.
+
+    For `gpuscope check`, which holds these against NVML's own answers on a real GPU: the
+    agent exports the busy and unsampled seconds, while idle and covered time, the sample
+    period and the read modes are the sampler's own view of the GPU."""
+
+    busy_seconds: float
+    idle_seconds: float
+    covered_seconds: float
+    unsampled_seconds: float
+    last_sample_us: int  # the newest NVML sample integrated (0: none yet)
+    period_us: float  # the sample period the integrator found
+    dropped_samples: int  # samples with timestamp 0 or a value outside 0-100
+    util_mode: str | None  # "samples", "rates" or "unsupported"; None before the first tick
+    integrates_pcie: bool  # PCIe bytes integrated from throughput (no byte counters)
+    integrates_energy: bool  # energy integrated from power (no energy counter)
+
+
+@dataclass(frozen=True, slots=True)
 class _Caps:
     """What one GPU can report, found on its first tick (see `_probe`)."""
 
@@ -259,6 +279,25 @@ class Sampler:
         cheap change signal for consumers (node labels) that must react within a second,
         without an NVML call."""
         return self._lost
+
+    def accounting(self) -> dict[str, UtilAccounting]:
+        """Each GPU's integrator and read modes by UUID, taken between ticks."""
+        with self._tick_lock:
+            return {
+                uuid: UtilAccounting(
+                    busy_seconds=s.util.busy_seconds,
+                    idle_seconds=s.util.idle_seconds,
+                    covered_seconds=s.util.covered_seconds,
+                    unsampled_seconds=s.util.unsampled_seconds,
+                    last_sample_us=s.util.last_sample_us,
+                    period_us=float(s.util.period_us),
+                    dropped_samples=s.util.dropped_samples,
+                    util_mode=s.util_mode.value if s.util_mode is not None else None,
+                    integrates_pcie=s.pcie_tx is not None,
+                    integrates_energy=s.energy is not None,
+                )
+                for uuid, s in self._states.items()
+            }
 
     def integrals(self) -> Mapping[str, GpuIntegrals]:
         """The latest published integrals by GPU UUID (an immutable, atomically swapped map)."""

@@ -138,7 +138,7 @@ class _FabricInfoV3(ctypes.Structure):
     _fields_ = [*_FabricInfoV2._fields_, ("healthSummary", ctypes.c_uint8)]
 
 
-def _fabric_info(nvml: Nvml, device: Device) -> Any | None:
+def fabric_info(nvml: Nvml, device: Device) -> Any | None:
     """The versioned nvmlDeviceGetGpuFabricInfoV (v3, else v2); the deprecated unversioned
     call only where the driver has no versioned one. The structs are the agent's own, laid
     out as nvml.h says: pynvml's are not to be trusted here (nvidia-ml-py 12.550 declares
@@ -159,7 +159,7 @@ def _fabric_info(nvml: Nvml, device: Device) -> Any | None:
 
 
 def _fabric(nvml: Nvml, device: Device) -> Fabric | None:
-    info = _fabric_info(nvml, device)
+    info = fabric_info(nvml, device)
     if info is None:
         return None
     get = ctypes.Structure.__getattribute__

@@ -103,6 +103,23 @@ def test_console_script_runs_from_a_venv_with_only_the_wheel(venv: Path, tmp_pat
         [str(venv / "bin" / "gpuscope"), "--help"], cwd=tmp_path, capture_output=True, text=True
     )
     assert help_text.returncode == 0 and "--collectors" in help_text.stdout
+    assert "check" in help_text.stdout and "labels" in help_text.stdout  # the commands
+
+
+def test_the_first_contact_suite_is_a_command_of_the_installed_wheel(
+    venv: Path, tmp_path: Path
+) -> None:
+    """`kubectl exec ds/gpuscope -- gpuscope check` runs what the image installed."""
+    run = subprocess.run(
+        [str(venv / "bin" / "gpuscope"), "check", "--help"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("usage: gpuscope check")
+    assert "--provoke-xid" in run.stdout and "util_samples" in run.stdout
 
 
 def test_one_version_everywhere(wheel: Path, venv: Path, tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
-"""scripts/gpu-check is a first-contact suite for a real GPU; here it runs on the fake NVML
-node, to prove that every check passes on a driver that behaves and fails, naming the
-problem, on one that does not.
+"""`gpuscope check` (agent/check/, and scripts/gpu-check, its shim for a checkout) is a
+first-contact suite for a real GPU; here it runs on the fake NVML node, to prove that every
+check passes on a driver that behaves and fails, naming the problem, on one that does not.
 
 The fake has no CUDA, so the script's load generator is replaced by its `--fake-load` hook:
 a command that tells this test (over a unix socket) to put a 50% duty cycle on GPU 0 and
@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from tests.doubles.fakenvml.control import FakeNvml
-from tests.support import REPO
+from tests.support import GPUSCOPE, REPO
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -168,8 +168,8 @@ def run_check(
     report = tmp_path / "report.json"
     result = subprocess.run(
         [
-            sys.executable,
-            str(SCRIPT),
+            *GPUSCOPE,
+            "check",
             "--quick",
             "--fake-load",
             node.hook(),
@@ -368,4 +368,18 @@ def test_help() -> None:
     result = subprocess.run(
         [sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, check=True
     )
+    assert result.stdout.startswith("usage: gpuscope check")
     assert "--fake-load" in result.stdout and "--quick" in result.stdout
+
+
+def test_the_shim_without_the_gpu_machines_packages_says_what_to_install(tmp_path: Path) -> None:
+    """Debian's own python3 has neither nvidia-ml-py nor prometheus-client: one line, exit 2."""
+    bare = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)}  # nothing importable there
+    result = subprocess.run(
+        [sys.executable, "-S", str(SCRIPT), "--help"],
+        cwd=tmp_path, env=bare, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stdout == ""
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert "pip install nvidia-ml-py prometheus-client" in result.stderr
