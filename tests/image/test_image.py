@@ -61,6 +61,13 @@ def test_the_image_says_the_package_version(image: str, image_root: ImageRoot) -
     assert labels["org.opencontainers.image.version"] == __version__
 
 
+def test_the_image_carries_the_first_contact_suite(image_root: ImageRoot) -> None:
+    """`kubectl exec ds/gpuscope -- gpuscope check` (docs/deploy.md, "First contact")."""
+    run = image_root.chroot("gpuscope", "check", "--help")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("usage: gpuscope check"), run.stdout
+
+
 def test_the_image_fits_its_size_budget(image: str) -> None:
     size = int(inspect(image)["Size"])
     assert size <= SIZE_BUDGET, f"{image} is {size / 1e6:.0f} MB, budget {SIZE_BUDGET / 1e6:.0f}"
