@@ -34,10 +34,10 @@ def calls_on(h: InProcess, gpu: int) -> list[str]:
 
         return wrapped
 
-    invoke, raw, fetch = nvml._invoke, nvml.raw_call, nvml._fetch_fields
+    invoke, raw, fetch = nvml._invoke, nvml.raw_call, nvml.field_slots
     nvml._invoke = wrap(invoke, lambda f, a: (f, a[0] if a else None))  # type: ignore[method-assign]
     nvml.raw_call = wrap(raw, lambda f, *a: (f, a[0] if a else None))  # type: ignore[method-assign]
-    nvml._fetch_fields = wrap(fetch, lambda h, r: ("nvmlDeviceGetFieldValues", h))  # type: ignore[method-assign]
+    nvml.field_slots = wrap(fetch, lambda h, r: ("nvmlDeviceGetFieldValues", h))  # type: ignore[method-assign]
     return seen
 
 
