@@ -8,6 +8,13 @@ Pod objects, and real TCP traffic between the pods. The agent is the real `gpusc
 process, loading the fake through the real pynvml bindings. Prints the /metrics URL and live
 per-GPU and per-pod tables until Ctrl-C (or --duration seconds). The pods need root
 (cgroups); without it the demo runs with GPUs only.
+
+Every headline signal has a pod behind it: a rank of the training job scheduled after the
+agent's first scrape (its start-up time), a data loader reading with O_DIRECT at its
+storage's rate while its GPU idles (block I/O, I/O pressure, idle cause `input_io`), and a
+notebook over its CPU limit (throttling, idle cause `cpu`). Their cgroups are made where a
+kubelet makes them, in the v1 cpu and blkio hierarchies too on a hybrid host
+(tests/doubles/podcgroups.py), and go with every process at exit, Ctrl-C included.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ sys.path.insert(0, str(REPO))
 
 from tests.doubles.fakenvml.control import FakeNvml, ensure_built  # noqa: E402
 from tests.doubles.kube_apiserver import owner_reference  # noqa: E402
+from tests.doubles.podcgroups import block_device_file  # noqa: E402
 from tests.doubles.simnode import ContainerSpec, SimNode  # noqa: E402
 from tests.support.promtext import Exposition  # noqa: E402
 
@@ -42,32 +50,50 @@ RANK_RATE = 20 * MB  # bytes/s each training rank sends the other (its all-reduc
 TRAIN_PATTERN = [(2.6, 96, 55), (0.6, 8, 70), (0.3, 0, 5)]
 TRAIN_SM = sum(d * u for d, u, _ in TRAIN_PATTERN) / sum(d for d, _, _ in TRAIN_PATTERN)
 SERVING = ("serving", ["llm-serve-7d9c5b8f4-k2x8m", "llm-serve-7d9c5b8f4-p9q4z"])  # GPUs 4, 5
+TRAINING = "ml-team"
+MASTER, LATE_RANK = "llama-ft-master-0", "llama-ft-worker-0"  # GPUs 0-1, 2-3
+STARTUP = 4.0  # seconds the late rank takes to its first kernel (image pull, initialisation)
+NOTEBOOK = ("research", "alice-nb-0")  # GPU 6
+NOTEBOOK_CPUS = 0.1  # its CPU limit (a LimitRange default of 100m); its cell wants a whole CPU
+LOADER = ("data", "embed-shards-4vq8n")  # GPU 7: Job embed-shards
+READ_BPS = 20 * MB  # what the loader's storage delivers (a read limit on its disk)
+SHARD_BYTES = 16 << 20  # the file it reads over and over, with O_DIRECT
 
 
-def build_pods(node: SimNode) -> None:
-    """The pods behind the GPU story: who holds what, and who talks to whom."""
-    ranks = []
-    for gpus, rtype, mem in (([0, 1], "master", 62), ([2, 3], "worker", 63)):
-        ranks.append(
-            node.add_pod(
-                "ml-team",
-                f"llama-ft-{rtype}-0",
-                containers=[
-                    ContainerSpec(
-                        "pytorch", gpus=gpus, gpu_memory_bytes=mem * GIB, sm_util=TRAIN_SM
-                    )
-                ],
-                labels={
-                    "training.kubeflow.org/job-name": "llama-ft",
-                    "training.kubeflow.org/operator-name": "pytorchjob-controller",
-                    "training.kubeflow.org/replica-type": rtype,
-                    "training.kubeflow.org/replica-index": "0",
-                },
-                owners=[owner_reference("PyTorchJob", "llama-ft", api_version="kubeflow.org/v1")],
-            )
-        )
-    node.start_traffic(ranks[0].key, ranks[1].key, rate=RANK_RATE)
-    node.start_traffic(ranks[1].key, ranks[0].key, rate=RANK_RATE)
+STORY = f"""\
+GPUs 0-3: PyTorchJob llama-ft, 2 ranks x 2 GPUs, talking. Its worker rank is scheduled now,
+  after the agent's first scrape, and computes {STARTUP:.0f} s later (its start-up time); the
+  master waits for it.
+GPUs 4-5: an inference Deployment with a drifting load.
+GPU 6: a notebook whose CPU-bound cell runs over its {NOTEBOOK_CPUS * 1000:.0f}m CPU limit:
+  throttled, its idle GPU-seconds charged to cpu.
+GPU 7: Job embed-shards, its loader reading with O_DIRECT at the storage's {READ_BPS / MB:.0f} MB/s
+  while the GPU waits: block I/O, I/O pressure, idle cause input_io. And a stray host
+  process holding 3 GiB."""
+
+
+def add_rank(node: SimNode, rtype: str, gpus: list[int], mem_gib: int, sm_util: float) -> None:
+    """One rank (replica index 0 of `rtype`) of PyTorchJob llama-ft."""
+    node.add_pod(
+        TRAINING,
+        f"llama-ft-{rtype}-0",
+        containers=[
+            ContainerSpec("pytorch", gpus=gpus, gpu_memory_bytes=mem_gib * GIB, sm_util=sm_util)
+        ],
+        labels={
+            "training.kubeflow.org/job-name": "llama-ft",
+            "training.kubeflow.org/operator-name": "pytorchjob-controller",
+            "training.kubeflow.org/replica-type": rtype,
+            "training.kubeflow.org/replica-index": "0",
+        },
+        owners=[owner_reference("PyTorchJob", "llama-ft", api_version="kubeflow.org/v1")],
+    )
+
+
+def build_pods(node: SimNode, shard: Path | None) -> None:
+    """The pods behind the GPU story: who holds what, and who talks to whom. The training
+    job's worker rank comes later (schedule_late_rank); its master waits for it, idle."""
+    add_rank(node, "master", [0, 1], 62, sm_util=0)
     namespace, names = SERVING
     replica_set = owner_reference("ReplicaSet", "llm-serve-7d9c5b8f4", api_version="apps/v1")
     for gpu, name in zip((4, 5), names, strict=True):
@@ -84,34 +110,72 @@ def build_pods(node: SimNode) -> None:
             owners=[replica_set],
         )  # fmt: skip
     node.add_pod(
-        "research",
-        "alice-nb-0",
+        *NOTEBOOK,
         containers=[
             ContainerSpec(
                 "notebook", gpus=[6], gpu_memory_bytes=21 * GIB, sm_util=0,
                 image="quay.io/jupyter/pytorch-notebook:cuda12-python-3.11",
+                cpu_limit=NOTEBOOK_CPUS, burn_cpu=True,  # a CPU-bound cell, throttled
             )
         ],
         labels={"notebook-name": "alice-nb", "statefulset": "alice-nb"},
         owners=[owner_reference("StatefulSet", "alice-nb", api_version="apps/v1")],
     )  # fmt: skip
-    node.host_process(7, 3 * GIB)  # a stray process outside Kubernetes on the free GPU
+    job = owner_reference("Job", "embed-shards", api_version="batch/v1")
+    node.add_pod(
+        *LOADER,
+        containers=[
+            ContainerSpec(
+                "embed", gpus=[7], gpu_memory_bytes=12 * GIB, sm_util=0,
+                read_file=shard, read_bps=READ_BPS,  # its loader waits on storage
+            )
+        ],
+        labels={"batch.kubernetes.io/job-name": "embed-shards", "job-name": "embed-shards"},
+        owners=[job],
+    )  # fmt: skip
+    node.host_process(7, 3 * GIB)  # a stray process outside Kubernetes beside the loader
+    for sim in node.pods.values():
+        for note in sim.notes:
+            print(f"demo: {sim.key}: {note}", file=sys.stderr)
 
 
-def script_workload(fake: FakeNvml, node: SimNode | None, stop: threading.Event) -> None:
-    """A node the way it looks in practice: one busy job, one bursty, one idle reservation.
+def schedule_late_rank(node: SimNode, stop: threading.Event) -> None:
+    """The training job's worker rank, scheduled after the agent's first scrape (when its
+    watch for start-ups began): idle for STARTUP seconds, then both ranks train and talk.
+    The API writes times to the second, so the pod comes at the next whole second: a pod
+    scheduled in the second the watch began could have run unseen, and gets no start-up."""
+    began = time.time()
+    if stop.wait(math.ceil(began) - began + 0.05):
+        return
+    add_rank(node, "worker", [2, 3], 63, sm_util=0)
+    if stop.wait(STARTUP):
+        return
+    with node.batch():
+        for name in (MASTER, LATE_RANK):
+            node.set_usage(TRAINING, name, sm_util=TRAIN_SM)
+        for gpu in range(4):  # after set_usage, which sets the GPUs' sums
+            node.fake.set_utilization_pattern(gpu, TRAIN_PATTERN)
+    master, worker = f"{TRAINING}/{MASTER}", f"{TRAINING}/{LATE_RANK}"
+    node.start_traffic(master, worker, rate=RANK_RATE)
+    node.start_traffic(worker, master, rate=RANK_RATE)
+
+
+def script_workload(
+    fake: FakeNvml, node: SimNode | None, stop: threading.Event, watching: threading.Event
+) -> None:
+    """A node the way it looks in practice: one busy job, one bursty, idle reservations.
 
     With pods, the simulated node keeps each GPU's memory and utilization equal to its
     processes' (the pods'); this only adds the training job's burst pattern (whose average
-    its processes report) and the inference load's drift.
+    its processes report), its late rank once the agent watches (`watching`), and the
+    inference load's drift.
     """
     with fake.batch():
-        # GPUs 0-3: a data-parallel training job; compute bursts with all-reduce stalls.
-        for gpu in range(4):
-            fake.set_utilization_pattern(gpu, TRAIN_PATTERN)
-            if node is None:
-                fake.set_memory_used(gpu, (62 + gpu // 2) * GIB)
         if node is None:
+            # GPUs 0-3: a data-parallel training job; compute bursts with all-reduce stalls.
+            for gpu in range(4):
+                fake.set_utilization_pattern(gpu, TRAIN_PATTERN)
+                fake.set_memory_used(gpu, (62 + gpu // 2) * GIB)
             # GPUs 4-5: an inference service whose load drifts (changed below).
             for gpu in (4, 5):
                 fake.set_utilization(gpu, 35, 20)
@@ -119,8 +183,13 @@ def script_workload(fake: FakeNvml, node: SimNode | None, stop: threading.Event)
             # GPU 6: reserved by a notebook that holds memory and computes nothing.
             fake.set_utilization(6, 0, 0)
             fake.set_memory_used(6, 21 * GIB)
-            # GPU 7: free (but for a stray 3 GiB host process when there are pods).
+            # GPU 7: free (but for a loader and a stray 3 GiB host process with pods).
             fake.set_utilization(7, 0, 0)
+    if node is not None:
+        while not watching.wait(0.1):
+            if stop.is_set():
+                return
+        schedule_late_rank(node, stop)
     rng = random.Random(7)
     t0 = time.monotonic()
     tick = 0
@@ -199,9 +268,9 @@ def network_line(m: Exposition) -> str:
 PodKey = tuple[str, str]
 
 
-def _pod_sums(m: Exposition, name: str) -> dict[PodKey, float]:
+def _pod_sums(m: Exposition, name: str, **match: str) -> dict[PodKey, float]:
     out: dict[PodKey, float] = {}
-    for labels, value in m.series(name).items():
+    for labels, value in m.series(name, **match).items():
         d = dict(labels)
         if d.get("pod"):
             key = (d.get("namespace", ""), d["pod"])
@@ -314,6 +383,62 @@ def _stray_line(m: Exposition) -> str | None:
     return f"memory held outside the GPUs' allocations: {where}"
 
 
+# The pod signals of the "why idle" table: (heading, series, labels to match, as a share of
+# time (a rate of seconds) or in MB/s (a rate of bytes)).
+SIGNALS: tuple[tuple[str, str, dict[str, str], bool], ...] = (
+    ("disk read", "gpuscope_pod_io_bytes_total", {"direction": "read"}, False),
+    ("I/O stall", "gpuscope_pod_pressure_stalled_seconds_total",
+     {"resource": "io", "stall": "some"}, True),
+    ("CPU stall", "gpuscope_pod_pressure_stalled_seconds_total",
+     {"resource": "cpu", "stall": "some"}, True),
+    ("throttled", "gpuscope_pod_cpu_throttled_seconds_total", {}, True),
+)  # fmt: skip
+
+
+def _idle_causes(m: Exposition) -> dict[tuple[str, str], dict[str, float]]:
+    """(namespace, "Kind/name") -> idle GPU-seconds by cause, of each workload."""
+    out: dict[tuple[str, str], dict[str, float]] = {}
+    for d, value in m.rows("gpuscope_workload_gpu_idle_cause_seconds_total"):
+        workload = f"{d.get('workload_kind', '')}/{d.get('workload', '')}"
+        out.setdefault((d.get("namespace", ""), workload), {})[d.get("cause", "?")] = value
+    return out
+
+
+def signals_summary(now: Exposition, before: Exposition | None, elapsed: float) -> str:
+    """Per pod, why its GPUs may wait: its start-up time, its cgroup's disk reads, I/O and
+    CPU stalls and CPU throttling since the previous table (rates: "-" until there is one),
+    and its workload's idle GPU-seconds by cause."""
+    view = _PodView.of(now, before)
+    keys = view.keys()
+    if not keys:
+        return ""
+    startup = _pod_sums(now, "gpuscope_pod_gpu_startup_seconds")
+    causes = _idle_causes(now)
+    columns = []
+    for _heading, name, match, share in SIGNALS:
+        got = _pod_sums(now, name, **match)
+        had = _pod_sums(before, name, **match) if before else {}
+        columns.append((got, had, share))
+    rows = [
+        f"{'pod':<42} {'start-up':>8} "
+        + " ".join(f"{heading:>10}" for heading, *_ in SIGNALS)
+        + "  idle GPU-seconds of its workload, by cause"
+    ]
+    for key in keys:
+        cells = [f"{startup[key]:7.0f}s" if key in startup else f"{'-':>8}"]
+        for got, had, share in columns:
+            if key in got and key in had and elapsed > 0:
+                rate = (got[key] - had[key]) / elapsed
+                cells.append(f"{rate:10.0%}" if share else f"{rate / MB:5.1f} MB/s")
+            else:
+                cells.append(f"{'-':>10}")
+        seconds = causes.get((key[0], view.workload.get(key, "")), {})
+        charged = sorted(((v, c) for c, v in seconds.items() if v >= 0.5), reverse=True)
+        why = ", ".join(f"{c} {v:.0f}s" for v, c in charged) or "-"
+        rows.append(f"{key[0] + '/' + key[1]:<42.42} " + " ".join(cells) + f"  {why}")
+    return "\n".join(rows)
+
+
 def pods_summary(now: Exposition, before: Exposition | None, elapsed: float) -> str:
     """Per pod: its workload, GPUs, GPU memory and utilization, idle time, network sent."""
     view = _PodView.of(now, before)
@@ -356,13 +481,44 @@ def main() -> int:
     parser.add_argument("--port", type=int, default=int(os.environ.get("DEMO_PORT", "19400")))
     parser.add_argument("--duration", type=float, default=0, help="seconds; 0 = until Ctrl-C")
     parser.add_argument("--every", type=float, default=5.0, help="seconds between tables")
+    parser.add_argument(
+        "--state-dir", type=Path, default=REPO / "build" / "demo",
+        help="the fake NVML's state, the node's logs and the loader's file (if on a disk)",
+    )  # fmt: skip
     args = parser.parse_args()
+    # SIGTERM unwinds like Ctrl-C, so the pods' processes and cgroups go either way.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        return demo(args)
+    except KeyboardInterrupt:
+        return 0
 
+
+def _shield() -> None:
+    """A second Ctrl-C (or a SIGTERM) must not cut the clean-up of processes and cgroups."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def shard_file(state_dir: Path) -> Path | None:
+    """The loader's file, on the first of the state directory and /var/tmp whose file
+    system is on a disk that takes O_DIRECT (tmpfs is on none); None if neither is."""
+    for path in (state_dir / "shard.bin", Path("/var/tmp") / f"gpuscope-demo-{os.getpid()}.bin"):
+        with contextlib.suppress(OSError):
+            if block_device_file(path, SHARD_BYTES) is not None:
+                return path
+    print("demo: no disk file system that takes O_DIRECT: the loader reads nothing",
+          file=sys.stderr)  # fmt: skip
+    return None
+
+
+def demo(args: argparse.Namespace) -> int:
     ensure_built()
-    state_dir = REPO / "build" / "demo"
+    state_dir: Path = args.state_dir
     state_dir.mkdir(parents=True, exist_ok=True)
     fake = FakeNvml(args.profile, state_dir / "state")
     stop = threading.Event()
+    watching = threading.Event()  # the agent's first scrape is done: its watch began
     with contextlib.ExitStack() as cleanup:
         node: SimNode | None = None
         if os.geteuid() != 0:
@@ -370,18 +526,28 @@ def main() -> int:
         elif fake.gpu_count() < 8:
             print(f"demo: {args.profile} has under 8 GPUs: no simulated pods", file=sys.stderr)
         else:
+            shard = shard_file(state_dir)
+            if shard is not None:
+                cleanup.callback(shard.unlink, missing_ok=True)
             node = cleanup.enter_context(SimNode(fake, state_dir / "node"))
-            build_pods(node)
-        script = threading.Thread(target=script_workload, args=(fake, node, stop), daemon=True)
+            build_pods(node, shard)
+        script = threading.Thread(
+            target=script_workload, args=(fake, node, stop, watching), daemon=True
+        )
         script.start()
         cleanup.callback(script.join, 10)
         cleanup.callback(stop.set)
-        return run_agent(args, fake, node, stop)
+        cleanup.callback(_shield)  # first of the clean-up: nothing may cut it short
+        return run_agent(args, fake, node, stop, watching)
     return 0
 
 
 def run_agent(
-    args: argparse.Namespace, fake: FakeNvml, node: SimNode | None, stop: threading.Event
+    args: argparse.Namespace,
+    fake: FakeNvml,
+    node: SimNode | None,
+    stop: threading.Event,
+    watching: threading.Event,
 ) -> int:
     port = free_port(args.port)
     env = os.environ | fake.env()
@@ -404,9 +570,9 @@ def run_agent(
         env=env,
     )
     try:
-        return watch(args, agent, port, stop)
+        return watch(args, agent, port, stop, watching, node is not None)
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut cleanup
+        _shield()
         stop.set()
         agent.terminate()
         try:
@@ -417,7 +583,12 @@ def run_agent(
 
 
 def watch(
-    args: argparse.Namespace, agent: subprocess.Popen[bytes], port: int, stop: threading.Event
+    args: argparse.Namespace,
+    agent: subprocess.Popen[bytes],
+    port: int,
+    stop: threading.Event,
+    watching: threading.Event,
+    watching_pods: bool,
 ) -> int:
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
@@ -433,11 +604,7 @@ def watch(
         time.sleep(0.1)
 
     print(f"\ngpuscope is serving a simulated {args.profile} node at {base}/metrics")
-    print(
-        "GPUs 0-3: PyTorchJob llama-ft (2 ranks x 2 GPUs, talking); 4-5: inference Deployment "
-        "with drifting load;\n6: a notebook holding memory, idle; 7: free, but for a stray "
-        "host process"
-    )
+    print(STORY if watching_pods else "GPUs only: no simulated pods (see above)")
     print("Try: curl -s " + base + "/metrics | grep -E 'busy_seconds|pod_gpu'   (Ctrl-C to stop)\n")
 
     # Ctrl-C and SIGTERM end the loop between scrapes, never in the middle of one.
@@ -458,8 +625,10 @@ def watch(
             print(time.strftime("%H:%M:%S"), f"({len(now.samples)} series)")
             print(summary(now, before, now_at - before_at))
             print(network_line(now))
-            print(pods_summary(now, before, now_at - before_at), flush=True)
+            print(pods_summary(now, before, now_at - before_at))
+            print(signals_summary(now, before, now_at - before_at), flush=True)
             print()
+            watching.set()  # this scrape was the agent's first evaluation with GPUs
             before, before_at = now, now_at
             if args.duration and now_at - started >= args.duration:
                 break

@@ -3,9 +3,14 @@
 Every part the agent reads is real or speaks the real protocol:
 
 * each container is a real process (tests/doubles/simworker.py) placed, before it runs any
-  code, in a kubelet-style cgroup v2 directory (systemd driver, containerd naming) under a
-  test prefix of the real cgroup mount, so `/proc/<pid>/cgroup` and BPF cgroup ids name its
-  pod;
+  code, in a kubelet-style cgroup directory (systemd driver, containerd naming) under a test
+  prefix of the real cgroup v2 mount and, on hybrid hosts, at the same path in the v1 cpu
+  and blkio hierarchies, as the kubelet's cgroup driver makes them
+  (tests/doubles/podcgroups.py), so `/proc/<pid>/cgroup` and BPF cgroup ids name its pod and
+  the agent reads the pod's throttling and block I/O where it would on a real node;
+* a container can be given work the pod signals measure: a CPU limit (the pod's CFS quota),
+  a process that keeps a CPU busy, a process reading a file with O_DIRECT over and over, and
+  a read bandwidth limit on that file's disk (slow storage);
 * the kubelet is tests/doubles/kubelet_server.py, the real PodResources v1 gRPC service on a
   unix socket, answering with the GPUs (UUIDs, or `<uuid>::<n>` time-slicing replicas) each
   container was allocated;
@@ -34,7 +39,8 @@ from inside `fake.batch()` would take them the other way round and is refused
 (RuntimeError); use `node.batch()`, which takes both in order.
 
 Needs root and cgroup v2. Everything (processes, cgroups, servers) goes on `close`, also
-when a test fails; workers exit by themselves when their parent dies (stdin closes).
+when a test fails; workers and their helper processes exit by themselves when their parent
+dies (stdin closes).
 """
 
 from __future__ import annotations
@@ -64,6 +70,16 @@ from tests.doubles.kube_apiserver import pod as pod_object
 from tests.doubles.kubelet_server import KubeletServer, container, devices
 from tests.doubles.kubelet_server import pod as pod_resources
 from tests.doubles.netlab import PREFIX, Pods, _rmtree_cgroup
+from tests.doubles.podcgroups import (
+    CPU_BURNER,
+    Cgroup,
+    Hierarchies,
+    direct_reader,
+    set_cpu_limit,
+    set_read_limit,
+    spawn_in,
+    whole_disk,
+)
 
 WORKER = Path(__file__).with_name("simworker.py")
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -77,6 +93,13 @@ CONDITIONS = (
     "PodScheduled",
 )
 GIB = 2**30
+# Run first by a container's helper processes: exit when the node's end of stdin closes (the
+# node closed, or its process died), as the workers do, so no CPU burner outlives a crash.
+_HELPER_PRELUDE = (
+    "import os, sys, threading\n"
+    "threading.Thread(target=lambda: (sys.stdin.buffer.read(), os._exit(0)), daemon=True)"
+    ".start()\n"
+)
 
 Qos = Literal["guaranteed", "burstable", "besteffort"]
 
@@ -94,6 +117,13 @@ class ContainerSpec:
     traffic_bytes: int = 0  # exact bytes to send (once), or with traffic_rate, paced
     traffic_rate: float = 0  # bytes/s; 0 = one-shot exact transfer; with traffic_bytes 0: forever
     image: str = DEFAULT_IMAGE
+    # Work for the pod signals (agent/k8s/pod_cgroup_usage.py), each by a helper process in
+    # the container beside its GPU process (as a data loader's workers are):
+    cpu_limit: float | None = None  # CPUs (resources.limits.cpu); enforced as the pod's
+    # CFS quota, their sum, when every container of the pod has one (as the kubelet does)
+    burn_cpu: bool = False  # a process keeps a CPU busy (CPU-bound preprocessing)
+    read_file: Path | None = None  # a process reads it with O_DIRECT, over and over
+    read_bps: int | None = None  # bytes/s the container may read from read_file's disk
 
 
 @dataclass
@@ -110,6 +140,8 @@ class SimContainer:
     mem_util: float
     image: str
     worker: _Worker = field(repr=False)
+    cgroups: Cgroup = field(repr=False)  # its directory in every hierarchy (cgroup: v2's)
+    helpers: list[subprocess.Popen[bytes]] = field(default_factory=list, repr=False)
 
 
 @dataclass
@@ -121,7 +153,10 @@ class SimPod:
     containers: dict[str, SimContainer]
     ip: str  # the API object's podIP (synthetic: traffic really flows over 127.0.0.1)
     port: int | None  # where its first container listens on 127.0.0.1 (serve=True)
-    cgroup: Path  # the pod's cgroup directory
+    cgroup: Path  # the pod's cgroup directory (v2)
+    cgroups: Cgroup  # its directory in every hierarchy
+    # What this host could not enforce of the pod's specs (a limit without its controller).
+    notes: list[str] = field(default_factory=list)
 
     @property
     def key(self) -> str:
@@ -148,14 +183,13 @@ class Transfer:
 class _Worker:
     """One simworker process and the thread that reads what it reports."""
 
-    def __init__(self, cgroup: Path, *, serve: bool, log: Path) -> None:
+    def __init__(self, cgroup: Cgroup, *, serve: bool, log: Path) -> None:
         argv = [sys.executable, "-I", "-S", str(WORKER), *(["--serve"] if serve else [])]
-        # The shell puts itself in the cgroup, then becomes the worker (same pid): no byte
-        # is sent from elsewhere, and no preexec_fn runs in a process full of threads.
-        shell = 'echo $$ > "$0" && exec "$@"'
+        # In its cgroups before it runs (spawn_in): no byte is sent from elsewhere.
         with log.open("ab") as err:
-            self.proc = subprocess.Popen(
-                ["/bin/sh", "-c", shell, str(cgroup / "cgroup.procs"), *argv],
+            self.proc = spawn_in(
+                cgroup,
+                argv,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=err,
@@ -244,10 +278,11 @@ class _Worker:
             return ""
 
 
-def _sweep_stale(root: Path, min_age: float = 60.0) -> None:
+def _sweep_stale(hierarchies: Hierarchies, min_age: float = 60.0) -> None:
     """Remove what crashed runs left: SimNode trees with no process left in them (a tree
-    that is still in use is recreated by the next mkdir anyway)."""
-    for top in root.glob(f"{PREFIX}-sim-*"):
+    that is still in use is recreated by the next mkdir anyway), in the v2 hierarchy, then
+    in the v1 ones those whose v2 tree is gone."""
+    for top in hierarchies.v2.glob(f"{PREFIX}-sim-*"):
         try:
             events = (top / "cgroup.events").read_text()
             old = time.time() - top.stat().st_mtime > min_age
@@ -255,6 +290,31 @@ def _sweep_stale(root: Path, min_age: float = 60.0) -> None:
             continue
         if old and "populated 0" in events:
             _rmtree_cgroup(top)
+    for root in dict.fromkeys(hierarchies.v1.values()):
+        for top in root.glob(f"{PREFIX}-sim-*"):
+            if not (hierarchies.v2 / top.name).exists() and _v1_unpopulated(top):
+                _rmtree_cgroup(top)
+
+
+def _v1_unpopulated(top: Path) -> bool:
+    """No process in the v1 tree `top` (v1 has no cgroup.events to say so)."""
+    try:
+        return all(
+            not Path(d, "cgroup.procs").read_text().strip() for d, _dirs, _files in os.walk(top)
+        )
+    except OSError:
+        return False
+
+
+def _kill_helpers(c: SimContainer) -> None:
+    for proc in c.helpers:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+        proc.wait()
+        if proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
 
 
 def _iso(t: float) -> str:
@@ -294,7 +354,10 @@ class SimNode:
         self._lock = threading.RLock()
         self._owner: int | None = None  # the thread holding self._lock
         self._lab = Pods()
-        _sweep_stale(self._lab.root)
+        # Where a kubelet would make the pods' cgroups: v2, and the v1 cpu and blkio
+        # hierarchies where they are mounted (hybrid hosts).
+        self.hierarchies = Hierarchies.of_host(self._lab.root)
+        _sweep_stale(self.hierarchies)
         self._base = self._lab.root / f"{PREFIX}-sim-{self._lab.tag}"
         self._lab.created.append(self._base)
         self._ip_numbers = itertools.count(10)
@@ -386,10 +449,14 @@ class SimNode:
         with self._locked():
             self._check_new_pod(key, containers)
             uid = uid or str(uuid.uuid4())
-            pod_dir = self._pod_dir(uid, qos)
-            sim = SimPod(namespace, name, uid, qos, {}, self._next_ip(), None, pod_dir)
+            pod_cgroups, _made = self.hierarchies.make(self._pod_levels(uid, qos))
+            sim = SimPod(
+                namespace, name, uid, qos, {}, self._next_ip(), None, pod_cgroups.v2,
+                pod_cgroups,
+            )  # fmt: skip
             self.pods[key] = sim
             try:
+                self._limit_cpu(sim, containers)
                 for i, spec in enumerate(containers):
                     sim.containers[spec.name] = self._start_container(
                         sim, spec, serve=serve and i == 0
@@ -398,6 +465,8 @@ class SimNode:
                     port = c.worker.wait_ready(self.ready_timeout)
                     if serve and i == 0:
                         sim.port = port
+                for spec in containers:
+                    self._start_helpers(sim, sim.containers[spec.name], spec)
                 self._register_nvml(sim.containers.values())
                 self._publish_kubelet()
                 self.api.create(self._pod_object(sim, containers, labels, annotations, owners))
@@ -421,14 +490,27 @@ class SimNode:
             for gpu in [*spec.gpus, *(spec.use_gpus or ())]:
                 self.fake.gpu_uuid(gpu)  # IndexError for a GPU the node lacks
 
+    def _limit_cpu(self, sim: SimPod, containers: Sequence[ContainerSpec]) -> None:
+        """The pod's CPU limit, before anything runs in it: the sum of its containers' limits
+        when every one has a limit (a container without one makes the pod unlimited)."""
+        limits = [c.cpu_limit for c in containers]
+        if any(limit is None for limit in limits):
+            return
+        if not set_cpu_limit(sim.cgroups, sum(limit or 0.0 for limit in limits)):
+            sim.notes.append("CPU limit not enforced: no cpu controller for the pod's cgroup")
+
     def _start_container(self, sim: SimPod, spec: ContainerSpec, *, serve: bool) -> SimContainer:
-        """One container: a containerd-style scope under the pod's cgroup with its worker
-        process in it (listening if `serve`), and what NVML and the kubelet will show of it."""
+        """One container: a containerd-style scope under the pod's cgroup (in every
+        hierarchy) with its worker process in it (listening if `serve`), and what NVML and
+        the kubelet will show of it."""
         cid = uuid.uuid4().hex + uuid.uuid4().hex
-        cdir = sim.cgroup / f"cri-containerd-{cid}.scope"
-        cdir.mkdir(parents=True)
+        levels = [*sim.cgroups.v2.relative_to(self.hierarchies.v2).parts]
+        cgroups, _made = self.hierarchies.make([*levels, f"cri-containerd-{cid}.scope"])
+        cdir = cgroups.v2
+        if spec.read_bps is not None and spec.read_file is not None:
+            self._limit_reads(sim, cgroups, spec.read_file, spec.read_bps)
         log = self.workdir / f"{sim.namespace}_{sim.name}_{spec.name}.log"
-        worker = _Worker(cdir, serve=serve, log=log)
+        worker = _Worker(cgroups, serve=serve, log=log)
         used = tuple(spec.gpus if spec.use_gpus is None else spec.use_gpus)
         return SimContainer(
             name=spec.name,
@@ -443,7 +525,31 @@ class SimNode:
             mem_util=spec.sm_util / 2 if spec.mem_util is None else spec.mem_util,
             image=spec.image,
             worker=worker,
+            cgroups=cgroups,
         )
+
+    def _limit_reads(self, sim: SimPod, cgroups: Cgroup, path: Path, bps: int) -> None:
+        disk = whole_disk(path.stat().st_dev)
+        if disk is None or not set_read_limit(cgroups, disk, bps):
+            sim.notes.append(
+                f"read limit not enforced: {path} is on no disk, or the container's cgroup has "
+                "no blkio or io controller"
+            )
+
+    def _start_helpers(self, sim: SimPod, c: SimContainer, spec: ContainerSpec) -> None:
+        """The container's CPU burner and O_DIRECT reader, once its worker is ready."""
+        codes = [CPU_BURNER] if spec.burn_cpu else []
+        if spec.read_file is not None:
+            codes.append(direct_reader(spec.read_file, loop=True))
+        for i, code in enumerate(codes):
+            log = self.workdir / f"{sim.namespace}_{sim.name}_{spec.name}.helper{i}.log"
+            with log.open("ab") as err:
+                proc = spawn_in(
+                    c.cgroups,
+                    [sys.executable, "-I", "-S", "-c", _HELPER_PRELUDE + code],
+                    stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err,
+                )  # fmt: skip
+            c.helpers.append(proc)
 
     def _start_pod_traffic(self, key: str, containers: Sequence[ContainerSpec]) -> None:
         """The containers' traffic, once the pod is published (so its peers can name it)."""
@@ -467,12 +573,13 @@ class SimNode:
 
     def _teardown(self, sim: SimPod) -> None:
         for c in sim.containers.values():
+            _kill_helpers(c)
             c.worker.kill()
         self._pending = [p for p in self._pending if p[0].proc.returncode is None]
         self._unregister_nvml(c.pid for c in sim.containers.values())
         self.pods.pop(sim.key, None)
         self._publish_kubelet()
-        _rmtree_cgroup(sim.cgroup)
+        self.hierarchies.remove(sim.cgroup.relative_to(self.hierarchies.v2))
         self.api.delete_pod(sim.namespace, sim.name, graceful=True)
 
     def set_usage(
@@ -569,7 +676,7 @@ class SimNode:
             n = len(self._hosts) + 1
             cdir = self._base / "system.slice" / f"sim-host-{n}-{uuid.uuid4().hex[:6]}.service"
             cdir.mkdir(parents=True)
-            worker = _Worker(cdir, serve=False, log=self.workdir / f"host-{n}.log")
+            worker = _Worker(Cgroup(cdir, {}), serve=False, log=self.workdir / f"host-{n}.log")
             try:
                 worker.wait_ready(self.ready_timeout)
                 usage = (gpu_memory_bytes, sm_util, sm_util / 2)
@@ -597,7 +704,11 @@ class SimNode:
                 return
             self._closed = True
             atexit.unregister(self.close)
-            workers = [c.worker for p in self.pods.values() for c in p.containers.values()]
+            containers = [c for p in self.pods.values() for c in p.containers.values()]
+            for c in containers:
+                with contextlib.suppress(Exception):
+                    _kill_helpers(c)
+            workers = [c.worker for c in containers]
             workers += [w for w, _g, _d in self._hosts.values()]
             for w in workers:
                 with contextlib.suppress(OSError):
@@ -614,6 +725,8 @@ class SimNode:
             with contextlib.suppress(Exception):
                 self._lab.close()  # removes self._base, children first
             with contextlib.suppress(Exception):
+                self.hierarchies.remove(self._base.name)  # and its v1 twins
+            with contextlib.suppress(Exception):
                 self.api.stop()
             with contextlib.suppress(Exception):
                 self.kubelet.__exit__(None, None, None)
@@ -628,14 +741,15 @@ class SimNode:
         for procs in self._nvml.values():
             yield from procs
 
-    def _pod_dir(self, uid: str, qos: Qos) -> Path:
+    def _pod_levels(self, uid: str, qos: Qos) -> list[str]:
+        """The pod's cgroup, as levels below the hierarchies' roots."""
         qos_part = "" if qos == "guaranteed" else f"-{qos}"
-        levels = [
+        return [
+            self._base.name,
             "kubepods.slice",
             *([f"kubepods{qos_part}.slice"] if qos_part else []),
             f"kubepods{qos_part}-pod{uid.replace('-', '_')}.slice",
         ]
-        return self._base.joinpath(*levels)
 
     def _next_ip(self) -> str:
         n = next(self._ip_numbers)
@@ -765,9 +879,14 @@ class SimNode:
         spec_containers = []
         for s in specs:
             entry: dict[str, Any] = {"name": s.name, "image": s.image}
+            limits: dict[str, str] = {}
+            requests: dict[str, str] = {}
             if s.gpus:
-                n = str(len(s.gpus))
-                entry["resources"] = {"limits": {GPU_RESOURCE: n}, "requests": {GPU_RESOURCE: n}}
+                limits[GPU_RESOURCE] = requests[GPU_RESOURCE] = str(len(s.gpus))
+            if s.cpu_limit is not None:
+                limits["cpu"] = f"{round(s.cpu_limit * 1000)}m"
+            if limits:
+                entry["resources"] = {"limits": limits, "requests": requests}
             if sim.port is not None and s is specs[0]:
                 entry["ports"] = [{"containerPort": sim.port, "protocol": "TCP"}]
             spec_containers.append(entry)

@@ -17,9 +17,11 @@ from lightkube import Client, KubeConfig
 from lightkube.resources.core_v1 import Node, Pod
 
 from gpuscope.agent.k8s.cgroups import parse_proc_cgroup
+from gpuscope.agent.k8s.pod_cgroup_usage import CgroupRoots, PodCgroupReader
 from gpuscope.agent.k8s.podresources.client import PodResourcesClient
 from gpuscope.agent.k8s.workloads import resolve
 from tests.doubles.fakenvml.control import FakeNvml
+from tests.doubles.podcgroups import block_device_file
 from tests.doubles.simnode import (
     EVAL_POD,
     GIB,
@@ -30,7 +32,7 @@ from tests.doubles.simnode import (
     SimPod,
     training_scenario,
 )
-from tests.support import T0
+from tests.support import T0, wait_for
 
 pytestmark = [
     pytest.mark.e2e,
@@ -225,3 +227,61 @@ def test_paced_transfer_host_process_and_close(sim_node: Callable[..., SimNode])
     assert not node.kubelet_socket.exists() and not node.api.running
     assert all(not g["procs"] for g in nvml(fake))
     node.close()  # idempotent
+
+
+def in_cgroup(pid: int, controller: str, directory: Path, root: Path) -> bool:
+    """Whether /proc/<pid>/cgroup puts the process in `directory` of the v1 hierarchy of
+    `controller` mounted at `root`."""
+    want = "/" + str(directory.relative_to(root))
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _n, controllers, path = line.split(":", 2)
+        if controller in controllers.split(","):
+            return path == want
+    return False
+
+
+def test_pods_join_every_hierarchy_with_their_limits_and_loads(
+    node: SimNode, tmp_path: Path
+) -> None:
+    """As a kubelet does on a hybrid host, a pod is in the v1 cpu and blkio hierarchies too,
+    so its CPU limit throttles it there and its reads are counted; its helper processes (a
+    CPU burner, an O_DIRECT reader) go with it, and its cgroups from every hierarchy."""
+    hier = node.hierarchies
+    shard = tmp_path / "shard.bin"
+    if block_device_file(shard, 4 << 20) is None:
+        pytest.skip(f"{tmp_path} is on no block device, or does not take O_DIRECT")
+    busy = node.add_pod("a", "nb", containers=[
+        ContainerSpec("nb", gpus=[6], cpu_limit=0.1, burn_cpu=True)])  # fmt: skip
+    loader = node.add_pod("a", "loader", containers=[
+        ContainerSpec("l", gpus=[7], read_file=shard, read_bps=8_000_000)])  # fmt: skip
+    assert busy.notes == loader.notes == []
+    for sim in (busy, loader):
+        (c,) = sim.containers.values()
+        assert len(c.helpers) == 1
+        for pid in (c.pid, c.helpers[0].pid):
+            found = parse_proc_cgroup(Path(f"/proc/{pid}/cgroup").read_text())
+            assert found is not None and found.container_id == c.container_id
+            for controller, directory in c.cgroups.v1.items():
+                assert in_cgroup(pid, controller, directory, hier.v1[controller]), controller
+    nb = node.api.get_pod("a", "nb")
+    assert nb is not None
+    assert nb["spec"]["containers"][0]["resources"]["limits"]["cpu"] == "100m"
+
+    # The agent's reader, where it looks, sees the throttling and the block reads.
+    reader = PodCgroupReader(CgroupRoots.detect(Path("/sys"), hier.v2), interval=0.0)
+
+    def measured() -> bool:
+        got = reader.read({busy.uid, loader.uid})
+        throttled = got[busy.uid].cpu_throttled_seconds if busy.uid in got else None
+        read = got[loader.uid].io_read_bytes if loader.uid in got else None
+        return (throttled or 0) > 0.05 and (read or 0) > 1 << 20
+
+    wait_for(measured, timeout=20, what="throttling and block reads")
+
+    helpers = [h for sim in (busy, loader) for c in sim.containers.values() for h in c.helpers]
+    node.remove_pod("a", "nb")
+    assert not any(d.exists() for d in busy.cgroups.dirs)
+    assert helpers[0].poll() is not None
+    node.close()
+    assert helpers[1].poll() is not None
+    assert not any(d.exists() for d in hier.at(node._base.name).dirs)

@@ -1,8 +1,8 @@
 """The "why idle" panels (issue #16) that tests/e2e/test_prometheus_e2e.py's node cannot feed,
 against a real Prometheus: the real agent on a simulated GPU node with a rank of a
 PyTorchJob scheduled after the agent started (so its start-up time is measured), its pod's
-cgroup readable for CPU throttling and block I/O (the v1 cpu and blkio directories the
-kubelet makes on a hybrid host; the simulated node makes only the v2 one), and a
+cgroup readable for CPU throttling and block I/O (the simulated node makes the pod's v1 cpu
+and blkio directories on a hybrid host, as the kubelet does), and a
 kubernetes-state-metrics double naming another rank of the same job Pending (the gang rule).
 
 Each query must return a finite value; the gang rule must count the job's GPU."""
@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from gpuscope.agent.k8s.pod_cgroup_usage import CgroupRoots
 from tests.doubles.kube_apiserver import owner_reference
 from tests.doubles.netlab import cgroup_v2_root
 from tests.doubles.simnode import GIB, ContainerSpec, SimNode
@@ -79,30 +78,6 @@ def kube_state_metrics_double() -> Iterator[str]:
         server.server_close()
 
 
-@contextlib.contextmanager
-def v1_pod_dirs(pod_cgroup: Path) -> Iterator[None]:
-    """On a hybrid host, the pod's directories in the v1 cpu and blkio hierarchies (as the
-    kubelet makes them), at the v2 directory's relative path; nothing on a unified host."""
-    v2 = cgroup_v2_root()
-    roots = CgroupRoots.detect(Path("/sys"), v2)
-    relative = pod_cgroup.relative_to(v2)
-    made: list[Path] = []
-    for root in (roots.cpu_v1, roots.blkio_v1):
-        if root is None:
-            continue
-        for i in range(1, len(relative.parts) + 1):
-            level = root.joinpath(*relative.parts[:i])
-            if not level.exists():
-                level.mkdir()
-                made.append(level)
-    try:
-        yield
-    finally:
-        for level in reversed(made):
-            with contextlib.suppress(OSError):
-                level.rmdir()
-
-
 def test_why_idle_panels_and_the_gang_rule_return_data(
     tmp_path: Path, agent_process: Callable[..., AgentProcess], sim_node: Callable[..., SimNode]
 ) -> None:
@@ -146,7 +121,7 @@ def test_why_idle_panels_and_the_gang_rule_return_data(
         what="the agent lists the new rank",
     )
     sim.set_usage(NAMESPACE, pod.name, sm_util=80)
-    with v1_pod_dirs(pod.cgroup), kube_state_metrics_double() as ksm:
+    with kube_state_metrics_double() as ksm:
         # The double is one more target of the same job: the rule reads its series by name.
         prom = start_prometheus(
             tmp_path / "prometheus",

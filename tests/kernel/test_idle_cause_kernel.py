@@ -9,7 +9,6 @@ nothing the cause depends on). A pod reading a file with O_DIRECT in a loop is c
 
 from __future__ import annotations
 
-import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ import pytest
 from gpuscope.agent.attribution.records import Attribution
 from gpuscope.agent.attribution.stage import Attributor
 from gpuscope.agent.k8s.pod_cgroup_usage import PodCgroupReader
+from tests.doubles.podcgroups import CPU_BURNER, block_device_file, direct_reader
 from tests.kernel.scripted_pods import WAIT, ScriptedPod, cpu_quota, scripted_pod
 from tests.support.why_idle import gpu_collection, meta
 
@@ -32,9 +32,7 @@ ENOUGH = 3.0  # idle seconds charged before the causes are judged
 @pytest.fixture
 def pod() -> Iterator[ScriptedPod]:
     with scripted_pod() as p:
-        v2 = p.roots.v2
-        assert v2 is not None
-        if not (p.pods[v2] / "io.pressure").exists():
+        if not (p.pod.v2 / "io.pressure").exists():
             pytest.skip("the kernel has no pressure stall information (PSI)")
         yield p
 
@@ -67,34 +65,19 @@ def causes(pod: ScriptedPod, worker: subprocess.Popen[bytes]) -> dict[str, float
     return got
 
 
-READ_LOOP = """
-import mmap, os, sys
-fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECT)
-buf = mmap.mmap(-1, 1 << 16)  # O_DIRECT needs a page-aligned buffer
-while True:
-    if os.readv(fd, [buf]) <= 0:
-        os.lseek(fd, 0, os.SEEK_SET)
-"""
-
-
 def test_a_pod_reading_with_o_direct_while_its_gpu_idles_is_charged_input_io(
     pod: ScriptedPod, tmp_path: Path
 ) -> None:
     data = tmp_path / "shard.bin"
-    with data.open("wb") as f:
-        f.write(os.urandom(8 << 20))
-        os.fsync(f.fileno())
-    try:
-        os.close(os.open(data, os.O_RDONLY | os.O_DIRECT))
-    except OSError:
-        pytest.skip(f"{tmp_path} does not take O_DIRECT")
-    got = causes(pod, pod.spawn(READ_LOOP.replace("sys.argv[1]", repr(str(data)))))
+    if block_device_file(data, 8 << 20) is None:
+        pytest.skip(f"{tmp_path} is on no block device, or does not take O_DIRECT")
+    got = causes(pod, pod.spawn(direct_reader(data, loop=True)))
     assert got["input_io"] > 0 and got["input_io"] == max(got.values()), got
 
 
 def test_a_pod_over_its_cpu_quota_while_its_gpu_idles_is_charged_cpu(pod: ScriptedPod) -> None:
     cpu_quota(pod)  # 10% of a CPU for the pod
-    got = causes(pod, pod.spawn("while True: pass"))
+    got = causes(pod, pod.spawn(CPU_BURNER))
     assert got["cpu"] > 0 and got["cpu"] == max(got.values()), got
 
 

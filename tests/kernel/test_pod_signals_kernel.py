@@ -5,20 +5,18 @@ process reading a file with O_DIRECT shows block I/O bytes and operations."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.kernel.scripted_pods import (
-    READ_DIRECT,
-    WAIT,
-    ScriptedPod,
-    cpu_quota,
-    scripted_pod,
-    whole_disk,
+from tests.doubles.podcgroups import (
+    CPU_BURNER,
+    block_device_file,
+    direct_reader,
+    set_read_limit,
 )
+from tests.kernel.scripted_pods import WAIT, ScriptedPod, cpu_quota, scripted_pod
 
 pytestmark = [pytest.mark.kernel, pytest.mark.root(reason="creates cgroups and moves into them")]
 
@@ -34,7 +32,7 @@ def test_a_pod_over_its_cpu_quota_shows_throttling_and_cpu_pressure(pod: Scripte
     before = pod.read()
     assert before is not None
     assert before.cpu_throttled_periods == 0 and before.cpu_throttled_seconds == 0
-    busy = pod.spawn("while True: pass")
+    busy = pod.spawn(CPU_BURNER)
     try:
         usage = pod.wait_for(
             lambda u: (
@@ -58,22 +56,16 @@ def test_a_pod_reading_with_o_direct_shows_io_bytes_and_operations(
 ) -> None:
     data = tmp_path / "shard.bin"
     size = 8 << 20
-    with data.open("wb") as f:
-        f.write(os.urandom(size))
-        f.flush()
-        os.fsync(f.fileno())
-    disk = whole_disk(data.stat().st_dev)
+    disk = block_device_file(data, size)
     if disk is None:
-        pytest.skip(f"{tmp_path} is not on a block device")
-    roots = pod.roots
-    if roots.blkio_v1 is not None:
+        pytest.skip(f"{tmp_path} is on no block device, or does not take O_DIRECT")
+    if "blkio" in pod.container.v1:
         # Recent kernels count v1 blkio only for bios that pass a throttle rule: set one far
         # above any real rate (a pod with no rule reads 0 there, a documented limitation).
-        rule = pod.containers[roots.blkio_v1] / "blkio.throttle.read_bps_device"
-        rule.write_text(f"{disk} {1 << 40}")
+        assert set_read_limit(pod.container, disk, 1 << 40)
     before = pod.read()
     assert before is not None and before.io_read_bytes is not None, before
-    reader = pod.spawn(READ_DIRECT.replace("sys.argv[1]", repr(str(data))))
+    reader = pod.spawn(direct_reader(data, loop=False, chunk=1 << 20))
     assert reader.wait(timeout=WAIT) == 0
     usage = pod.wait_for(lambda u: (u.io_read_bytes or 0) - (before.io_read_bytes or 0) >= size)
     assert usage is not None and usage.io_read_bytes is not None
