@@ -26,6 +26,7 @@ import yaml
 
 from gpuscope.agent.gpu import xid, xid_catalog
 from gpuscope.exporters.labels import gpu as labels_gpu
+from tests.deploy.test_scrape_objects import compose
 from tests.support.manifests import find, render, render_text
 from tests.support.observability import (
     DASHBOARDS,
@@ -78,6 +79,7 @@ def test_rules_configmap_holds_the_rules_file() -> None:
 
 
 DCGM_COMPAT_RULES = REPO / "daemonset" / "rules" / "dcgm-compat.rules.yml"
+DCGM_COMPAT_EXPORTED_RULES = REPO / "daemonset" / "rules" / "dcgm-compat-exported-labels.rules.yml"
 
 
 def test_dcgm_compat_overlay_adds_its_own_prometheus_rule_beside_the_base() -> None:
@@ -105,6 +107,72 @@ def test_plain_prometheus_dcgm_compat_overlay_adds_the_rules_file_as_a_configmap
     assert sorted([*plain, ("ConfigMap", "gpuscope-dcgm-compat-rules")]) == sorted(
         (d["kind"], d["metadata"]["name"]) for d in docs
     )
+
+
+# --- the exported_* variant: a component that swaps the rules in either overlay -----------
+
+EXPORTED_COMPONENT = REPO / "daemonset" / "components" / "dcgm-compat-exported-labels"
+
+
+@pytest.mark.parametrize(
+    "overlay", ["overlays/dcgm-compat", "overlays/plain-prometheus-dcgm-compat"]
+)
+def test_the_exported_labels_component_swaps_the_compat_rules_and_nothing_else(
+    tmp_path: Path, overlay: str
+) -> None:
+    """With the component, the overlay's compatibility rules are the exported_* variant (the
+    PrometheusRule's groups, or the ConfigMap's file under the same key); every other object
+    is the overlay's own."""
+    docs = compose(tmp_path, overlay, EXPORTED_COMPONENT.name)
+    plain = render(overlay)
+    exported_text = DCGM_COMPAT_EXPORTED_RULES.read_text()
+    if overlay == "overlays/dcgm-compat":
+        (compat,) = find(docs, "PrometheusRule", "gpuscope-dcgm-compat")
+        assert compat["spec"]["groups"] == yaml.safe_load(exported_text)["groups"]
+        (before,) = find(plain, "PrometheusRule", "gpuscope-dcgm-compat")
+    else:
+        (compat,) = find(docs, "ConfigMap", "gpuscope-dcgm-compat-rules")
+        assert compat["data"] == {"dcgm-compat.rules.yml": exported_text}
+        (before,) = find(plain, "ConfigMap", "gpuscope-dcgm-compat-rules")
+    assert compat["metadata"] == before["metadata"]
+    assert [d for d in docs if d is not compat] == [d for d in plain if d != before]
+    by_list = "exported_namespace, exported_pod, exported_container"  # the join's by()
+    assert by_list in json.dumps(compat) and by_list not in json.dumps(plain)
+
+
+def test_the_exported_labels_component_composes_with_the_release_label(tmp_path: Path) -> None:
+    """kube-prometheus-stack users add the release label too: both components patch the same
+    PrometheusRule, one its labels, the other its groups."""
+    docs = compose(tmp_path, "overlays/dcgm-compat", "release-label", EXPORTED_COMPONENT.name)
+    (compat,) = find(docs, "PrometheusRule", "gpuscope-dcgm-compat")
+    assert compat["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    exported = yaml.safe_load(DCGM_COMPAT_EXPORTED_RULES.read_text())["groups"]
+    assert compat["spec"]["groups"] == exported
+
+
+def test_the_overlays_name_the_component_as_their_switch() -> None:
+    """The switch is documented where it is thrown: a commented `components:` entry that,
+    uncommented, is the path of the component."""
+    for overlay in ("dcgm-compat", "plain-prometheus-dcgm-compat"):
+        text = (REPO / "daemonset" / "overlays" / overlay / "kustomization.yaml").read_text()
+        assert "#   - ../../components/dcgm-compat-exported-labels" in text, overlay
+        target = (REPO / "daemonset" / "overlays" / overlay / "../../components").resolve()
+        assert (target / "dcgm-compat-exported-labels" / "kustomization.yaml").exists()
+
+
+def test_the_exported_variant_fails_loudly_when_the_source_join_changes(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A source whose label join no longer has the shape the rewrite expects must stop the
+    generator, not yield a variant that still labels namespace/pod/container."""
+    gen = generator()
+    changed = tmp_path / "dcgm-compat.rules.yml"
+    text = DCGM_COMPAT_RULES.read_text()
+    changed.write_text(text.replace("DCGM_FI_DRIVER_VERSION, namespace, pod, container", "x"))
+    monkeypatch.setattr(gen, "DCGM_COMPAT_RULES", changed)
+    monkeypatch.setattr(gen, "REPO", tmp_path)
+    with pytest.raises(ValueError, match="matched 0 times"):
+        gen.dcgm_compat_exported_text()
 
 
 def test_one_configmap_per_dashboard_for_the_grafana_sidecar() -> None:

@@ -10,8 +10,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
+from tests.support import dcgm
 from tests.support.observability import (
     ALERTS_DOC,
     REPO,
@@ -153,69 +155,33 @@ def test_every_metric_and_label_the_rules_select_exists() -> None:
 
 
 # --- the DCGM compatibility layer (daemonset/rules/dcgm-compat.rules.yml) ------------------
+# Both variants: the source, with namespace/pod/container, and the exported_* one that
+# scripts/gen-deploy-assets.py derives from it (tests/deploy/test_deploy_assets.py checks the
+# derivation). dcgm-exporter's counters come from the fixture tests/rules/dcgm-exporter/.
 
-DCGM_COMPAT = REPO / "daemonset" / "rules" / "dcgm-compat.rules.yml"
 DCGM_COMPAT_PROMETHEUS_RULE = (
     REPO / "daemonset" / "overlays" / "dcgm-compat" / "prometheusrule.yaml"
 )
-MIGRATION_DOC = REPO / "docs" / "migrating-from-dcgm-exporter.md"
-# dcgm-exporter's default counter set (etc/default-counters.csv in NVIDIA/dcgm-exporter, the
-# fields not commented out), and those of them gpuscope has no source for.
-DCGM_DEFAULT_COUNTERS = (
-    "DCGM_FI_DEV_SM_CLOCK",
-    "DCGM_FI_DEV_MEM_CLOCK",
-    "DCGM_FI_DEV_MEMORY_TEMP",
-    "DCGM_FI_DEV_GPU_TEMP",
-    "DCGM_FI_DEV_POWER_USAGE",
-    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
-    "DCGM_FI_DEV_PCIE_TX_THROUGHPUT",
-    "DCGM_FI_DEV_PCIE_RX_THROUGHPUT",
-    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
-    "DCGM_FI_DEV_GPU_UTIL",
-    "DCGM_FI_DEV_MEM_COPY_UTIL",
-    "DCGM_FI_DEV_ENC_UTIL",
-    "DCGM_FI_DEV_DEC_UTIL",
-    "DCGM_FI_DEV_XID_ERRORS",
-    "DCGM_FI_DEV_FB_FREE",
-    "DCGM_FI_DEV_FB_USED",
-    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
-    "DCGM_FI_DEV_VGPU_LICENSE_STATUS",
-    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
-    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
-    "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+# Recorded although not in the list: the PCIe names of its default list before dcgm-exporter
+# 3.3.7, and the profiling fields the list leaves commented out.
+OUTSIDE_DEFAULT_LIST = frozenset(
+    {"DCGM_FI_DEV_PCIE_TX_THROUGHPUT", "DCGM_FI_DEV_PCIE_RX_THROUGHPUT"}
+    | {"DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_SM_OCCUPANCY"}
+    | {"DCGM_FI_PROF_PIPE_FP64_ACTIVE", "DCGM_FI_PROF_PIPE_FP32_ACTIVE"}
+    | {"DCGM_FI_PROF_PIPE_FP16_ACTIVE"}
 )
-# dcgm-exporter's profiling fields (dcp-metrics-included.csv, the GPU Operator's default)
-# that gpuscope reads through NVML GPM.
-DCGM_PROF_FIELDS = (
-    "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
-    "DCGM_FI_PROF_SM_ACTIVE",
-    "DCGM_FI_PROF_SM_OCCUPANCY",
-    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
-    "DCGM_FI_PROF_DRAM_ACTIVE",
-    "DCGM_FI_PROF_PIPE_FP64_ACTIVE",
-    "DCGM_FI_PROF_PIPE_FP32_ACTIVE",
-    "DCGM_FI_PROF_PIPE_FP16_ACTIVE",
-)
-NO_GPUSCOPE_SOURCE = {
-    "DCGM_FI_DEV_ENC_UTIL": "gpuscope does not read the video encoder",
-    "DCGM_FI_DEV_DEC_UTIL": "gpuscope does not read the video decoder",
-    "DCGM_FI_DEV_VGPU_LICENSE_STATUS": "gpuscope does not read vGPU licensing",
-}
-# dcgm-exporter's labels, and those of the scrape, on every compatibility series.
-DCGM_LABELS = frozenset(
-    {"gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id", "DCGM_FI_DRIVER_VERSION"}
-    | {"namespace", "pod", "container", "job", "instance"}
-)
+SCRAPE_JOIN_LABELS = frozenset({"job", "instance"})
 DCGM_MIG_LABELS = frozenset({"GPU_I_ID", "GPU_I_PROFILE"})
 DCGM_GPU_LABELS = "gpu_pod:gpuscope_gpu_dcgm_labels:info"
 DCGM_MIG_LABELS_RULE = "gpu_instance:gpuscope_mig_dcgm_labels:info"
 DCGM_LABEL_JOIN = f"* on (job, instance, UUID) group_right () {DCGM_GPU_LABELS}"
 DCGM_MIG_JOIN = f"* on (job, instance, mig_uuid) group_right () {DCGM_MIG_LABELS_RULE}"
-
-
-def compat_rules() -> list[dict[str, Any]]:
-    doc = yaml.safe_load(DCGM_COMPAT.read_text())
-    return [r for g in doc["groups"] for r in g["rules"]]
+# A rule derived from a DCGM_FI_* series recorded earlier in the group, by a unit factor
+# (the pre-3.3.7 PCIe names, KiB/s of the bytes per second): it inherits that one's labels.
+DERIVED = re.compile(r"(DCGM_FI_\w+) / (\d+)")
+VARIANT_PARAMS = pytest.mark.parametrize(
+    "variant", list(dcgm.VARIANTS), ids=[p.name for p in dcgm.VARIANTS]
+)
 
 
 def _outer_by(expr: str) -> set[str]:
@@ -223,28 +189,38 @@ def _outer_by(expr: str) -> set[str]:
     return {x.strip() for x in m.group(1).split(",")} if m else set()
 
 
-def test_promtool_accepts_the_compat_rules_and_their_prometheus_rule(tmp_path: Path) -> None:
-    proc = promtool("check", "rules", DCGM_COMPAT)
+@VARIANT_PARAMS
+def test_promtool_accepts_the_compat_rules(variant: Path) -> None:
+    proc = promtool("check", "rules", variant)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"SUCCESS: {len(compat_rules())} rules found" in proc.stdout
+    assert f"SUCCESS: {len(dcgm.compat_rules(variant))} rules found" in proc.stdout
+
+
+def test_promtool_accepts_the_compat_prometheus_rule(tmp_path: Path) -> None:
     spec = yaml.safe_load(DCGM_COMPAT_PROMETHEUS_RULE.read_text())["spec"]
     path = tmp_path / "dcgm-compat-groups.yml"
     path.write_text(yaml.safe_dump({"groups": spec["groups"]}, sort_keys=False))
     proc = promtool("check", "rules", path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"SUCCESS: {len(compat_rules())} rules found" in proc.stdout
+    assert f"SUCCESS: {len(dcgm.compat_rules())} rules found" in proc.stdout
 
 
 def test_compat_layer_records_every_dcgm_field_gpuscope_has_a_source_for() -> None:
-    recorded = [r["record"] for r in compat_rules() if r["record"].startswith("DCGM_FI_")]
-    assert not [r for r in compat_rules() if "alert" in r], "the compat layer only records"
+    """Every series counter of dcgm-exporter's list but those gpuscope cannot source, plus
+    the older and optional names; nothing else."""
+    recorded = dcgm.recorded_names()
+    assert not [r for r in dcgm.compat_rules() if "alert" in r], "the compat layer only records"
     assert len(recorded) == len(set(recorded))
-    expected = set(DCGM_DEFAULT_COUNTERS) - set(NO_GPUSCOPE_SOURCE) | set(DCGM_PROF_FIELDS)
-    assert set(recorded) == expected
+    listed = {c.name for c in dcgm.metric_counters()}
+    assert set(dcgm.NO_GPUSCOPE_SOURCE) <= listed
+    assert not OUTSIDE_DEFAULT_LIST & listed, "now in the list: move it to the first table"
+    assert set(recorded) == listed - set(dcgm.NO_GPUSCOPE_SOURCE) | OUTSIDE_DEFAULT_LIST
+    assert dcgm.recorded_names(dcgm.DCGM_COMPAT_EXPORTED) == recorded
 
 
-def test_compat_helper_rules_follow_level_metric_operations() -> None:
-    for r in compat_rules():
+@VARIANT_PARAMS
+def test_compat_helper_rules_follow_level_metric_operations(variant: Path) -> None:
+    for r in dcgm.compat_rules(variant):
         if r["record"].startswith("DCGM_FI_"):
             continue
         level, metric, ops = r["record"].split(":")
@@ -253,40 +229,73 @@ def test_compat_helper_rules_follow_level_metric_operations() -> None:
             assert label in r["expr"], f"{r['record']}: level {label} not in its expression"
 
 
-def test_every_compat_series_gets_dcgm_exporters_labels_from_the_joins() -> None:
+@VARIANT_PARAMS
+def test_every_compat_series_gets_dcgm_exporters_labels_from_the_joins(variant: Path) -> None:
     """The label sets are the joins' own by() lists, and every DCGM_FI_* term ends with a join
     (group_right: the labels are the join's), so none can drift from dcgm-exporter's. A rule
-    is the per-GPU term, then for the fields DCGM has per MIG GPU instance `or` the MIG term."""
-    info = {r["record"]: r for r in compat_rules() if r["record"].endswith(":info")}
-    assert _outer_by(info[DCGM_GPU_LABELS]["expr"]) == DCGM_LABELS
-    mig_labels = DCGM_LABELS - {"namespace", "pod", "container"} | DCGM_MIG_LABELS
+    is the per-GPU term, then for the fields DCGM has per MIG GPU instance `or` the MIG term;
+    or a unit factor of a DCGM_FI_* series recorded before it, whose labels it keeps."""
+    holders = set(dcgm.VARIANTS[variant])
+    rules = dcgm.compat_rules(variant)
+    info = {r["record"]: r for r in rules if r["record"].endswith(":info")}
+    assert _outer_by(info[DCGM_GPU_LABELS]["expr"]) == dcgm.DEVICE_LABELS | holders | (
+        SCRAPE_JOIN_LABELS
+    )
+    mig_labels = dcgm.DEVICE_LABELS | SCRAPE_JOIN_LABELS | DCGM_MIG_LABELS
     assert _outer_by(info[DCGM_MIG_LABELS_RULE]["expr"]) == mig_labels | {"mig_uuid"}
-    for r in compat_rules():
+    seen: list[str] = []
+    for r in rules:
         if not r["record"].startswith("DCGM_FI_"):
             continue
-        gpu_term, _, mig_term = " ".join(r["expr"].split()).partition(
-            " or max without (mig_uuid) ("
-        )
-        assert gpu_term.endswith(DCGM_LABEL_JOIN), r["record"]
-        assert not mig_term or mig_term.endswith(f"{DCGM_MIG_JOIN} )"), r["record"]
+        expr = " ".join(r["expr"].split())
+        derived = DERIVED.fullmatch(expr)
+        if derived:
+            assert derived.group(1) in seen, (
+                f"{r['record']}: {derived.group(1)} not recorded before"
+            )
+        else:
+            gpu_term, _, mig_term = expr.partition(" or max without (mig_uuid) (")
+            assert gpu_term.endswith(DCGM_LABEL_JOIN), r["record"]
+            assert not mig_term or mig_term.endswith(f"{DCGM_MIG_JOIN} )"), r["record"]
+        seen.append(r["record"])
+
+
+def test_the_exported_variant_renames_the_holders_and_nothing_else() -> None:
+    """Its rules are the source's but for the label join, and that join names no namespace,
+    pod or container label of its own (the allocations' are renamed as they enter)."""
+    source = {r["record"]: r["expr"] for r in dcgm.compat_rules()}
+    exported = {r["record"]: r["expr"] for r in dcgm.compat_rules(dcgm.DCGM_COMPAT_EXPORTED)}
+    assert list(exported) == list(source)
+    assert [k for k in source if source[k] != exported[k]] == [DCGM_GPU_LABELS]
+    join = exported[DCGM_GPU_LABELS]
+    for label in dcgm.HOLDER_LABELS:
+        assert f'"exported_{label}", "$1", "{label}", "(.*)"' in join
+        assert not re.search(
+            rf"(?<![\w\"]){label}(?=[,)\s])", join.replace(f"exported_{label}", "")
+        ), label
 
 
 def test_every_compat_recording_rule_has_a_checked_value() -> None:
     exprs = [e for t in _rule_tests() for e in t.get("promql_expr_test", [])]
     missing = [
         r["record"]
-        for r in compat_rules()
+        for r in dcgm.compat_rules()
         if not any(e["expr"].strip() == r["record"] and e.get("exp_samples") for e in exprs)
     ]
     assert not missing, f"compat recording rules without a promql_expr_test: {missing}"
 
 
-def test_every_metric_and_label_the_compat_rules_select_exists() -> None:
+@VARIANT_PARAMS
+def test_every_metric_and_label_the_compat_rules_select_exists(variant: Path) -> None:
     known = known_series()
-    for r in compat_rules():
-        known[r["record"]] = _outer_by(r["expr"]) or {"digit"}
+    rules = dcgm.compat_rules(variant)
+    for r in rules:
+        derived = DERIVED.fullmatch(" ".join(r["expr"].split()))
+        known[r["record"]] = (
+            known[derived.group(1)] if derived else _outer_by(r["expr"]) or {"digit"}
+        )
     problems = []
-    for rule in compat_rules():
+    for rule in rules:
         for metric, labels in selectors(rule["expr"]):
             if metric not in known:
                 problems.append(f"{rule['record']}: unknown {metric}")
@@ -295,13 +304,41 @@ def test_every_metric_and_label_the_compat_rules_select_exists() -> None:
     assert not problems, "\n".join(problems)
 
 
-def test_the_migration_guide_has_a_row_for_every_default_counter() -> None:
-    rows = {
-        m.group(1): line
-        for line in MIGRATION_DOC.read_text().splitlines()
-        if (m := re.match(r"\| `(DCGM_FI_\w+)` \|", line))
+# --- the migration guide's tables against dcgm-exporter's counter list ----------------------
+
+
+def test_the_guides_default_table_is_dcgm_exporters_list_with_its_types_and_units() -> None:
+    """One row per series counter of the fixture, in its order, whose "dcgm type, unit" is
+    the list's type and the unit its help names; "none" where gpuscope has no source."""
+    rows = dcgm.guide_table("Default counters")
+    counters = dcgm.metric_counters()
+    assert [dcgm.first_cell_name(r) for r in rows] == [c.name for c in counters]
+    wrong = {
+        c.name: (r[1], c.type_and_unit)
+        for r, c in zip(rows, counters, strict=True)
+        if r[1] != c.type_and_unit
     }
-    missing = [c for c in (*DCGM_DEFAULT_COUNTERS, *DCGM_PROF_FIELDS) if c not in rows]
-    assert not missing, f"docs/migrating-from-dcgm-exporter.md has no row for {missing}"
-    for counter, why in NO_GPUSCOPE_SOURCE.items():
-        assert "none" in rows[counter].lower(), f"{counter}: the guide must say ({why})"
+    assert not wrong, f"type, unit differ from the counter list's: {wrong}"
+    for r, c in zip(rows, counters, strict=True):
+        recorded = "none: not recorded" not in r[3]
+        assert recorded == (c.name not in dcgm.NO_GPUSCOPE_SOURCE), f"{c.name}: {r[3]}"
+
+
+def test_the_guides_second_table_has_the_recorded_names_outside_the_list() -> None:
+    rows = dcgm.guide_table("Outside the default list")
+    assert {dcgm.first_cell_name(r) for r in rows} == OUTSIDE_DEFAULT_LIST
+    assert len(rows) == len(OUTSIDE_DEFAULT_LIST)
+
+
+def test_the_guides_labels_table_has_the_lists_label_fields_and_both_label_forms() -> None:
+    labels = " ".join(r[0] for r in dcgm.guide_table("Labels"))
+    wanted = [c.name for c in dcgm.default_counters() if c.type == "label"]
+    wanted += [*dcgm.DEVICE_LABELS, *dcgm.HOLDER_LABELS, *dcgm.EXPORTED_HOLDER_LABELS]
+    missing = [name for name in wanted if f"`{name}`" not in labels]
+    assert not missing, f"the guide's Labels table does not name {missing}"
+
+
+def test_the_counter_list_fixture_says_where_it_came_from() -> None:
+    head = dcgm.DEFAULT_COUNTERS_CSV.read_text().split("\n# Format\n")[0]
+    assert "NVIDIA/dcgm-exporter etc/default-counters.csv" in head
+    assert re.search(r"\bcommit\s+[0-9a-f]{40}\b", head), head

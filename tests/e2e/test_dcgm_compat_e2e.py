@@ -1,16 +1,20 @@
-"""End to end, the DCGM compatibility layer: a real Prometheus scrapes the real agent on the
-simulated node (tests/doubles/simnode.py: pods on GPUs 0-6, GPU 6 time-sliced between two
-notebooks, GPU 7 free) with daemonset/rules/dcgm-compat.rules.yml loaded, and
+"""End to end, the DCGM compatibility layer: two real Prometheus servers scrape the real agent
+on the simulated node (tests/doubles/simnode.py: pods on GPUs 0-6, GPU 6 time-sliced between
+two notebooks, GPU 7 free), one with daemonset/rules/dcgm-compat.rules.yml loaded, one with
+its exported_* variant (dcgm-compat-exported-labels.rules.yml), and in both
 
-- every DCGM_FI_* rule records a series for every GPU that has its source (all eight GPUs of
-  the fake DGX H100 have them all), one per holding container;
+- every counter of dcgm-exporter's default list (the fixture
+  tests/rules/dcgm-exporter/default-counters.csv) is recorded, or has no series where gpuscope
+  has no source; every DCGM_FI_* rule records a series for every GPU that has its source (all
+  eight GPUs of the fake DGX H100 have them all), one per holding container;
 - each carries exactly dcgm-exporter's labels, with the values gpuscope's own series give:
-  Hostname the node, device nvidia<gpu>, UUID, modelName, pci_bus_id and
-  DCGM_FI_DRIVER_VERSION from gpuscope_gpu_info, namespace/pod/container the holders in
-  gpuscope_gpu_allocation_info (none on the free GPU);
+  Hostname and hostname both the node, device nvidia<gpu>, UUID, modelName, pci_bus_id and
+  DCGM_FI_DRIVER_VERSION from gpuscope_gpu_info, the holders in gpuscope_gpu_allocation_info
+  (none on the free GPU) as namespace/pod/container, or exported_namespace/_pod/_container
+  in the variant;
 - each value equals the unit conversion of its source, queried at the recorded sample's own
-  timestamp (so both read the same samples): % = ratio x 100, MiB, MHz, mJ, KiB/s, MB/s, and
-  XID_ERRORS the highest XID number counted on the GPU, computed here from the xid labels.
+  timestamp (so both read the same samples): % = ratio x 100, MiB, MHz, mJ, B/s, KiB/s, MB/s,
+  and XID_ERRORS the highest XID number counted on the GPU, computed here from the xid labels.
 
 The whole-GPU check runs the agent at the default detail level: SM, tensor and DRAM activity
 are then the seconds counters' rate over a minute, and SM occupancy and the FP pipes (full
@@ -32,13 +36,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from tests.doubles.fakenvml.control import FakeNvml
 from tests.doubles.simnode import SimNode, training_scenario
 from tests.e2e import test_prometheus_e2e as prometheus_e2e
 from tests.e2e.test_prometheus_e2e import Prometheus, PromQLError
-from tests.support import AgentProcess, sim_node_args
+from tests.support import AgentProcess, dcgm, sim_node_args
 
 pytestmark = [
     pytest.mark.slow,
@@ -46,19 +49,14 @@ pytestmark = [
     pytest.mark.root(reason="the simulated node puts its pods in cgroups"),
 ]
 
-REPO = Path(__file__).resolve().parents[2]
-DCGM_COMPAT = REPO / "daemonset" / "rules" / "dcgm-compat.rules.yml"
+DCGM_COMPAT = dcgm.DCGM_COMPAT
 SIM_NODE = "sim-node-1"
 GPUS = 8
 SETTLE_TIMEOUT_S = 25.0
 # GPU -> XIDs injected (DCGM value: the highest). None of them fences the GPU (79, 119, 120
 # would: its series would go, but for up, info and XIDs).
 XIDS = {4: (13, 48), 5: (109,)}
-DCGM_LABELS = frozenset(
-    {"gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id", "DCGM_FI_DRIVER_VERSION"}
-)
-HOLDER_LABELS = ("namespace", "pod", "container")
-SCRAPE_LABELS = frozenset({"job", "instance"})
+HOLDER_LABELS = dcgm.HOLDER_LABELS  # gpuscope_gpu_allocation_info's
 
 # Each compatibility series' source in dcgm-exporter's unit, one series per uuid: written
 # here from docs/metrics.md's units, independently of the rules' expressions.
@@ -68,12 +66,15 @@ SOURCES: dict[str, str] = {
     "DCGM_FI_DEV_FB_USED": "gpuscope_gpu_memory_used_bytes / 2^20",
     "DCGM_FI_DEV_FB_FREE": "(gpuscope_gpu_memory_total_bytes - gpuscope_gpu_memory_used_bytes"
     " - gpuscope_gpu_memory_reserved_bytes) / 2^20",
+    "DCGM_FI_DEV_FB_RESERVED": "gpuscope_gpu_memory_reserved_bytes / 2^20",
     "DCGM_FI_DEV_POWER_USAGE": "gpuscope_gpu_power_watts",
     "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": "gpuscope_gpu_energy_joules_total * 1000",
     "DCGM_FI_DEV_SM_CLOCK": 'gpuscope_gpu_clock_hertz{clock="sm"} / 1e6',
     "DCGM_FI_DEV_MEM_CLOCK": 'gpuscope_gpu_clock_hertz{clock="memory"} / 1e6',
     "DCGM_FI_DEV_GPU_TEMP": 'gpuscope_gpu_temperature_celsius{sensor="gpu"}',
     "DCGM_FI_DEV_MEMORY_TEMP": 'gpuscope_gpu_temperature_celsius{sensor="memory"}',
+    "DCGM_FI_PROF_PCIE_TX_BYTES": "rate(gpuscope_gpu_pcie_transmit_bytes_total[1m])",
+    "DCGM_FI_PROF_PCIE_RX_BYTES": "rate(gpuscope_gpu_pcie_receive_bytes_total[1m])",
     "DCGM_FI_DEV_PCIE_TX_THROUGHPUT": "rate(gpuscope_gpu_pcie_transmit_bytes_total[1m]) / 1024",
     "DCGM_FI_DEV_PCIE_RX_THROUGHPUT": "rate(gpuscope_gpu_pcie_receive_bytes_total[1m]) / 1024",
     "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": "gpuscope_gpu_pcie_replay_errors_total",
@@ -100,21 +101,30 @@ COMPUTED_HERE = {"DCGM_FI_DEV_XID_ERRORS": "from the xid labels of gpuscope_gpu_
 
 
 def compat_names() -> list[str]:
-    doc = yaml.safe_load(DCGM_COMPAT.read_text())
-    return [
-        r["record"] for g in doc["groups"] for r in g["rules"] if r["record"].startswith("DCGM_")
-    ]
+    return dcgm.recorded_names()
 
 
 def test_every_compatibility_series_has_a_source_here() -> None:
     assert sorted(compat_names()) == sorted([*SOURCES, *FULL_DETAIL_ONLY, *COMPUTED_HERE])
+    for variant in dcgm.VARIANTS:
+        assert dcgm.recorded_names(variant) == compat_names(), variant.name
+
+
+def test_every_counter_of_the_list_is_checked_here() -> None:
+    """The fixture's series counters are each checked for a value or for having no series,
+    and its label fields are labels the checks expect on every series."""
+    checked = {*SOURCES, *FULL_DETAIL_ONLY, *COMPUTED_HERE, *dcgm.NO_GPUSCOPE_SOURCE}
+    missing = [c.name for c in dcgm.metric_counters() if c.name not in checked]
+    assert not missing, f"counters of dcgm-exporter's list no check covers: {missing}"
+    labels = [c.name for c in dcgm.default_counters() if c.type == "label"]
+    assert labels and set(labels) <= dcgm.DEVICE_LABELS
 
 
 @dataclass
 class CompatNode:
     sim: SimNode
     agent: AgentProcess
-    prom: Prometheus
+    proms: dict[Path, Prometheus]  # rules file (variant) -> the Prometheus that loads it
 
 
 @pytest.fixture
@@ -130,14 +140,22 @@ def compat_node(
     agent = agent_process(
         *sim_node_args(sim), "--collectors", "gpu,kubelet,pods", env=sim.fake.env()
     )
-    # start_prometheus loads the module's RULES: here the compatibility rules alone.
-    monkeypatch.setattr(prometheus_e2e, "RULES", DCGM_COMPAT)
-    prom = prometheus_e2e.start_prometheus(tmp_path / "prom", {SIM_NODE: f"127.0.0.1:{agent.port}"})
+    # One Prometheus per variant, both scraping the one agent: the two rule files record the
+    # same names, so one server loading both would hold two series per GPU. start_prometheus
+    # loads the module's RULES: here each variant's compatibility rules alone.
+    proms: dict[Path, Prometheus] = {}
     try:
-        yield CompatNode(sim, agent, prom)
+        for variant in dcgm.VARIANTS:
+            monkeypatch.setattr(prometheus_e2e, "RULES", variant)
+            proms[variant] = prometheus_e2e.start_prometheus(
+                tmp_path / variant.stem, {SIM_NODE: f"127.0.0.1:{agent.port}"}
+            )
+        yield CompatNode(sim, agent, proms)
     finally:
-        prom.proc.terminate()
-        prom.proc.wait(10)
+        for prom in proms.values():
+            prom.proc.terminate()
+        for prom in proms.values():
+            prom.proc.wait(10)
 
 
 def _by_uuid(result: list[dict[str, Any]]) -> dict[str, float]:
@@ -171,9 +189,11 @@ def _xid_values(prom: Prometheus, at: float) -> dict[str, float]:
     return values
 
 
-def check_round(node: CompatNode) -> dict[str, str]:
-    """One round of every check; {where: what is wrong}, empty when all hold."""
-    prom, problems = node.prom, {}
+def check_round(node: CompatNode, variant: Path) -> dict[str, str]:
+    """One round of every check against the Prometheus loading `variant`; {where: what is
+    wrong}, empty when all hold."""
+    prom, problems = node.proms[variant], {}
+    holder_names = dcgm.VARIANTS[variant]  # what the holders' labels are called on its series
     info = {s["metric"]["uuid"]: s["metric"] for s in prom.query("gpuscope_gpu_info")}
     holders: dict[str, set[tuple[str, ...]]] = {uuid: set() for uuid in info}
     for s in prom.query("gpuscope_gpu_allocation_info"):
@@ -183,14 +203,18 @@ def check_round(node: CompatNode) -> dict[str, str]:
     for name in FULL_DETAIL_ONLY:
         if prom.query(name):
             problems[name] = "recorded at the default detail level, whose sources are full only"
+    for name in dcgm.NO_GPUSCOPE_SOURCE:
+        if prom.query(f"{{__name__='{name}'}}"):
+            problems[name] = "recorded, although gpuscope has no source for it"
     for name in compat_names():
         if name in FULL_DETAIL_ONLY:
             continue
-        series = prom.query(f"{name}{{Hostname='{SIM_NODE}'}}")
+        series = prom.query(f"{name}{{Hostname='{SIM_NODE}', hostname='{SIM_NODE}'}}")
         got_holders: dict[str, set[tuple[str, ...]]] = {uuid: set() for uuid in info}
         for s in series:
             labels = dict(s["metric"])
-            where = f"{name}{{gpu={labels.get('gpu')}, pod={labels.get('pod')}}}"
+            pod = holder_names[1]
+            where = f"{name}{{gpu={labels.get('gpu')}, {pod}={labels.get(pod)}}}"
             uuid = labels.get("UUID", "")
             source = info.get(uuid)
             if source is None:
@@ -203,15 +227,19 @@ def check_round(node: CompatNode) -> dict[str, str]:
                 "device": f"nvidia{source['gpu']}",
                 "modelName": source["model"],
                 "Hostname": SIM_NODE,
+                "hostname": SIM_NODE,
                 "pci_bus_id": source["pci_bus_id"],
                 "DCGM_FI_DRIVER_VERSION": source["driver_version"],
                 "job": "gpuscope",
                 "instance": f"127.0.0.1:{node.agent.port}",
             }
-            holder = tuple(labels.pop(k, "") for k in HOLDER_LABELS)
+            holder = tuple(labels.pop(k, "") for k in holder_names)
             if labels != expected:
                 problems[where] = f"labels {labels}, expected {expected}"
             got_holders[uuid].add(holder)
+        want_series = sum(len(h) or 1 for h in holders.values())
+        if len(series) != want_series:  # one series per GPU and holder, both host labels on it
+            problems[f"{name} series"] = f"{len(series)}, expected {want_series}"
         for uuid, want in holders.items():
             want = want or {("", "", "")}
             if got_holders[uuid] != want:
@@ -244,33 +272,46 @@ def check_round(node: CompatNode) -> dict[str, str]:
 def test_every_compatibility_series_has_dcgm_labels_and_its_sources_value(
     compat_node: CompatNode,
 ) -> None:
-    fake, prom = compat_node.sim.fake, compat_node.prom
+    fake = compat_node.sim.fake
     for gpu, xids in XIDS.items():
         for xid in xids:
             fake.inject_xid(gpu, xid)
     deadline = time.monotonic() + SETTLE_TIMEOUT_S
-    problems: dict[str, str] = {"": "not checked"}
+    pending: dict[Path, dict[str, str]] = {
+        variant: {"": "not checked"} for variant in compat_node.proms
+    }
     rounds = 0
-    while problems and time.monotonic() < deadline:
+    # Both variants are checked in the same rounds, each until one round of its passes.
+    while any(pending.values()) and time.monotonic() < deadline:
         time.sleep(1)
         rounds += 1
-        try:
-            problems = check_round(compat_node)
-        except PromQLError as err:
-            problems = {"query": str(err)}
-    report = "\n".join(f"  {where}: {why}" for where, why in sorted(problems.items()))
-    assert not problems, (
-        f"{len(problems)} problem(s) after {rounds} rounds:\n{report}\n"
-        f"prometheus log:\n{prom.logs()}\nagent log (tail):\n{compat_node.agent.logs()[-2000:]}"
-    )
-    # The injected XIDs were counted, so XID_ERRORS was checked against numbers, not zeros.
-    values = {
-        int(s["metric"]["gpu"]): float(s["value"][1])
-        for s in prom.query("max by (gpu) (DCGM_FI_DEV_XID_ERRORS)")
-    }
-    assert values == {gpu: float(max(XIDS.get(gpu, (0,)))) for gpu in range(GPUS)}
-    # Time-slicing: GPU 6 has one series per notebook, each with the whole GPU's value.
-    assert len(prom.query('DCGM_FI_DEV_FB_USED{gpu="6"}')) == 2
+        for variant, problems in pending.items():
+            if not problems:
+                continue
+            try:
+                pending[variant] = check_round(compat_node, variant)
+            except PromQLError as err:
+                pending[variant] = {"query": str(err)}
+    for variant, problems in pending.items():
+        prom = compat_node.proms[variant]
+        report = "\n".join(f"  {where}: {why}" for where, why in sorted(problems.items()))
+        assert not problems, (
+            f"{variant.name}: {len(problems)} problem(s) after {rounds} rounds:\n{report}\n"
+            f"prometheus log:\n{prom.logs()}\n"
+            f"agent log (tail):\n{compat_node.agent.logs()[-2000:]}"
+        )
+    for variant, prom in compat_node.proms.items():
+        # The injected XIDs were counted, so XID_ERRORS was checked against numbers, not zeros.
+        values = {
+            int(s["metric"]["gpu"]): float(s["value"][1])
+            for s in prom.query("max by (gpu) (DCGM_FI_DEV_XID_ERRORS)")
+        }
+        assert values == {gpu: float(max(XIDS.get(gpu, (0,)))) for gpu in range(GPUS)}
+        # Time-slicing: GPU 6 has one series per notebook, each with the whole GPU's value,
+        # told apart by the variant's pod label.
+        pod = dcgm.VARIANTS[variant][1]
+        pods = {s["metric"].get(pod) for s in prom.query('DCGM_FI_DEV_FB_USED{gpu="6"}')}
+        assert len(pods) == 2 and "" not in pods and None not in pods, (variant.name, pods)
     print(f"\nall compatibility series matched their sources after {rounds} round(s)")
 
 
@@ -324,6 +365,7 @@ def check_mig_round(prom: Prometheus, port: int) -> dict[str, str]:
                 "device": f"nvidia{parent.get('gpu')}",
                 "modelName": parent.get("model"),
                 "Hostname": SIM_NODE,
+                "hostname": SIM_NODE,
                 "pci_bus_id": parent.get("pci_bus_id"),
                 "DCGM_FI_DRIVER_VERSION": parent.get("driver_version"),
                 "GPU_I_ID": key[1],
