@@ -130,8 +130,9 @@ class AgentOptions:
     )
     collect_deadline: float = flag(
         5.0,
-        "seconds a scrape waits for each collector and stage; a late one is reported stuck "
-        "and its last good data served",
+        "seconds a scrape waits for each collector and stage (counted from when its work "
+        "began); a late one is reported stuck and its last good data served, at once on later "
+        "scrapes",
         parse=number,
         check=lambda v: None if 0.1 <= v <= 120 else f"expected 0.1 to 120 seconds, got {v:g}",
     )

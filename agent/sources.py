@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Generic, Protocol, TypeVar
@@ -174,10 +174,12 @@ class SourceRunner:
     """Starts, collects from and stops a fixed set of sources, isolating their failures.
 
     Each source runs on its own worker thread (`_Worker`), all of them at once, and a
-    collection waits for them up to a deadline. A source that raises is reported failed; one
-    that is late is reported *stuck*: failed, with the last good records it returned (up to
-    `STALE_MAX` old) so its series do not vanish while the cause is looked at, and with no
-    second collection queued behind the one in flight.
+    collection waits for each up to a deadline counted from when that source's work in
+    flight began. A source that raises is reported failed; one that is late is reported
+    *stuck*: failed, with the last good records it returned (up to `STALE_MAX` old) so its
+    series do not vanish while the cause is looked at, and with no second collection queued
+    behind the one in flight. Once stuck it is answered as stuck at once: a hang costs the
+    scrape that first meets it one deadline, and the scrapes after it nothing.
 
     A source that failed to start is retried with a backoff (10 s, doubling to 5 min), not on
     every scrape: starting can be expensive (compiling eBPF programs takes half a second of
@@ -247,21 +249,32 @@ class SourceRunner:
         requests = {w.source.name: w.request(collect[w.source.name]) for w in workers}
         results: dict[str, SourceResult[Any]] = {}
         until = time.monotonic() + self.deadline
+
+        def due(began: float) -> float:
+            # A source's deadline runs from when its work in flight began, not from this
+            # collection: one already stuck is answered at once (a hang costs one deadline,
+            # not one per scrape), one joined mid-way gets what is left of its deadline.
+            return min(until, began + self.deadline)
+
         while requests:
-            wait([future for future, _ in requests.values()], timeout=until - time.monotonic())
-            for name, (future, _began) in list(requests.items()):
-                if not future.done():
-                    continue
-                result = future.result()
-                if isinstance(result, SourceResult):
-                    results[name] = result
+            soonest = min(due(began) for _future, began in requests.values())
+            wait(
+                [future for future, _ in requests.values()],
+                timeout=max(0.0, soonest - time.monotonic()),
+                return_when=FIRST_COMPLETED,
+            )
+            now = time.monotonic()
+            for name, (future, began) in list(requests.items()):
+                if future.done():
+                    result = future.result()
+                    if isinstance(result, SourceResult):
+                        results[name] = result
+                        del requests[name]
+                    else:  # the work in flight was the source's start: now collect
+                        requests[name] = self._workers[name].request(collect[name])
+                elif now >= due(began):
+                    results[name] = self._stuck(name, now - began)
                     del requests[name]
-                else:  # the work in flight was the source's start: now collect
-                    requests[name] = self._workers[name].request(collect[name])
-            if time.monotonic() >= until:
-                break
-        for name, (_future, began) in requests.items():
-            results[name] = self._stuck(name, time.monotonic() - began)
         results = {w.source.name: results[w.source.name] for w in workers}  # stable order
         return Collection(results=results, collected_at=time.time())
 

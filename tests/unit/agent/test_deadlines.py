@@ -66,13 +66,13 @@ class Slow:
         pass
 
 
-def make(*sources: object, max_age: float = 0) -> Agent:
+def make(*sources: object, max_age: float = 0, deadline: float = DEADLINE) -> Agent:
     config = parse(
         [
             "--listen",
             ":0",
             "--collect-deadline",
-            str(DEADLINE),
+            str(deadline),
             "--collection-max-age",
             str(max_age),
         ],
@@ -133,6 +133,64 @@ def test_a_stuck_collector_holds_one_call_and_one_thread_however_many_scrapes_co
         assert threading.active_count() <= threads
     finally:
         hung.release()
+        agent.stop()
+
+
+def test_a_stuck_collector_costs_one_deadline_not_one_per_scrape() -> None:
+    """Once a collector is known stuck its last good data is served at once: a Prometheus
+    whose scrape_timeout is under --collect-deadline keeps every other collector's data."""
+    deadline = 2.0
+    hung, fine = Gate("hung"), Gate("fine")
+    agent = make(hung, fine, deadline=deadline)
+    try:
+        hung.hold()
+        first, took_first = timed_scrape(agent)
+        assert took_first >= deadline  # the scrape that meets the hang waits it out, once
+        assert first.value("gpuscope_collector_stuck", collector="hung") == 1
+        fresh = agent.collect().collection.results["fine"].records
+        for _ in range(6):
+            out, took = timed_scrape(agent)
+            assert took < deadline / 2, took  # not another deadline
+            assert out.value("gpuscope_collector_stuck", collector="hung") == 1
+            assert out.value("gpuscope_collector_success", collector="fine") == 1
+        assert agent.collect().collection.results["fine"].records > fresh  # still collecting
+        assert hung.calls == 2  # start's collection, then the one still in flight
+    finally:
+        hung.release()
+        agent.stop()
+
+
+def test_a_collector_hung_in_start_costs_the_scrapes_after_ready_nothing() -> None:
+    deadline = 2.0
+    hung, fine = Gate("hung", hold_start=True), Gate("fine")
+    hung.hold()
+    agent = make(hung, fine, deadline=deadline)  # start waits one deadline for it
+    try:
+        for _ in range(4):
+            out, took = timed_scrape(agent)
+            assert took < deadline / 2, took
+            assert out.value("gpuscope_collector_stuck", collector="hung") == 1
+            assert out.value("gpuscope_collector_success", collector="fine") == 1
+    finally:
+        hung.release()
+        agent.stop()
+
+
+def test_a_collection_that_joins_a_slow_one_in_flight_gets_its_result() -> None:
+    """The deadline counts from when the work began, so a scrape that joins a slow but
+    healthy collection mid-way waits for it and is not told it is stuck."""
+    slow = Slow(0.3)
+    agent = make(slow, deadline=1.0)
+    try:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            early = pool.submit(agent.runner.collect)
+            time.sleep(0.15)
+            late = pool.submit(agent.runner.collect)
+            results = [f.result().results["slow"] for f in (early, late)]
+        assert [r.success for r in results] == [True, True]
+        assert not any(r.stuck for r in results)
+        assert results[0].records == results[1].records  # one collection, shared
+    finally:
         agent.stop()
 
 
