@@ -14,7 +14,8 @@ renewed certificate), keeping the previous configuration if the new one does not
 Where Python's `ssl` cannot do what the Go server does, the file is refused with a line
 that says so, never served differently from what it asks: `client_auth_type:
 RequireAnyClientCert` (Python verifies every client certificate it asks for) and more than
-one `curve_preferences` entry (Python 3.11 sets one curve). `RequestClientCert` is served
+one `curve_preferences` entry (Python 3.11 sets one curve), or X25519 as that one (it sets
+only NIST curves; the default groups offer X25519 first). `RequestClientCert` is served
 without asking for a certificate: the Go server asks but neither checks nor uses it, so who
 is let in is the same. `http_server_config.http2` is accepted and has no effect: gpuscope
 speaks HTTP/1.1 only, and offers only `http/1.1` by ALPN.
@@ -24,12 +25,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import errno
 import functools
 import hashlib
 import ipaddress
 import os
 import re
 import ssl
+import stat
 import threading
 import time
 from collections import OrderedDict
@@ -202,10 +205,37 @@ class WebConfig:
         return False
 
 
+FILE_CAP = 1 << 20  # bytes read at most from the web config or a file it names
+
+
+class NotRegularFile(OSError):
+    """A path that is a FIFO, a directory, a device or a socket, not a file to read."""
+
+
+def read_regular_file(path: Path, cap: int = FILE_CAP) -> bytes:
+    """The bytes of a regular file, opened without blocking: a FIFO put at the path (by
+    mistake, or by someone who can write the folder) would otherwise block the open
+    forever, and with it the reloader and every certificate renewal after it. Raises
+    OSError (NotRegularFile for what is not a regular file, or one over `cap` bytes)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegularFile(errno.EINVAL, "not a regular file")
+        chunks, size = [], 0
+        while chunk := os.read(fd, min(65536, cap + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > cap:
+                raise NotRegularFile(errno.EFBIG, f"larger than {cap} bytes")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def load_web_config(path: Path) -> WebConfig:
     """Read, check and load a web configuration file; raise ConfigError (one line)."""
     try:
-        text = path.read_bytes()
+        text = read_regular_file(path)
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
     import yaml
@@ -330,7 +360,19 @@ def _tls_context(base: Path, section: dict[str, Any]) -> ssl.SSLContext | None:
             raise _Bad(f"{where}.client_auth_type {client_auth} needs client_ca_file or client_ca")
         try:
             if files["client_ca_file"]:
-                context.load_verify_locations(cafile=str(_join(base, files["client_ca_file"])))
+                ca_path = _join(base, files["client_ca_file"])
+                try:
+                    ca_pem = read_regular_file(ca_path).decode("ascii")
+                except OSError as exc:
+                    raise _Bad(
+                        f"{where}.client_ca_file: no CA certificate loaded: cannot read "
+                        f"{ca_path}: {exc.strerror or exc}"
+                    ) from None
+                except UnicodeDecodeError:
+                    raise _Bad(
+                        f"{where}.client_ca_file: no CA certificate loaded: {ca_path} is not PEM"
+                    ) from None
+                context.load_verify_locations(cadata=ca_pem)
             else:
                 context.load_verify_locations(cadata=ca_text)
         except (OSError, ssl.SSLError, ValueError) as exc:
@@ -356,7 +398,7 @@ def _load_certificate(
         if file_name:
             file_path = _join(base, file_name)
             try:
-                pem[name] = file_path.read_bytes()
+                pem[name] = read_regular_file(file_path)
             except OSError as exc:
                 raise _Bad(
                     f"{where}.{name}_file: cannot read {file_path}: {exc.strerror or exc}"
@@ -414,7 +456,17 @@ def _curve(context: ssl.SSLContext, section: dict[str, Any]) -> None:
     if len(curves) > 1:
         raise _Bad(f"{where}: gpuscope can use only one curve (Python's ssl sets one); give one")
     if curves:
-        context.set_ecdh_curve(_CURVES[curves[0]])
+        try:
+            context.set_ecdh_curve(_CURVES[curves[0]])
+        except (ssl.SSLError, ValueError) as exc:  # never an uncaught error at start
+            if curves[0] == "X25519":
+                # Python 3.11's set_ecdh_curve makes an EC key by curve name, and X25519 is
+                # no EC curve: it cannot be the only group. Refused, never left unset.
+                raise _Bad(
+                    f"{where}: X25519 cannot be set alone by this Python's ssl; remove "
+                    "curve_preferences (the default groups offer X25519 first)"
+                ) from None
+            raise _Bad(f"{where}: {curves[0]} is not available here: {_ssl_reason(exc)}") from None
 
 
 def _ssl_reason(exc: BaseException) -> str:

@@ -210,3 +210,44 @@ def test_a_bad_web_config_file_stops_the_agent_with_one_line_and_exit_2(
     assert lines[0].startswith("gpuscope: --web-config-file: ")
     assert str(path) in lines[0]
     assert message in lines[0]
+
+
+@pytest.mark.parametrize("bad", ["x25519", "fifo"])
+def test_a_curve_this_python_cannot_set_and_a_fifo_stop_the_agent_with_one_line_and_exit_2(
+    tmp_path: Path, bad: str
+) -> None:
+    """node_exporter's `curve_preferences: [X25519]` copied over, or a FIFO at the path
+    (which once blocked the start in open() for ever): exit 2 and one line, never a
+    traceback or a hang."""
+    path = tmp_path / "web.yml"
+    if bad == "fifo":
+        os.mkfifo(path)
+    else:
+        pki = make_pki(tmp_path / "pki")
+        write_web_config(
+            path,
+            {
+                "tls_server_config": {
+                    "cert_file": str(pki.server),
+                    "key_file": str(pki.server_key),
+                    "curve_preferences": ["X25519"],
+                }
+            },
+        )
+    done = subprocess.run(
+        [*GPUSCOPE, "--web-config-file", str(path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(
+        f"gpuscope: --web-config-file: {path}"
+        if bad == "x25519"
+        else "gpuscope: --web-config-file: cannot read"
+    ), lines
+    assert ("X25519 cannot be set alone" if bad == "x25519" else "not a regular file") in lines[0]

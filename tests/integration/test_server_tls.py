@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import base64
 import http.client
+import os
 import shutil
 import socket
 import ssl
 import struct
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -451,3 +453,40 @@ def test_turning_tls_off_needs_a_restart(
     write_web_config(tmp_path / "web0.yml", {})
     wait_for(lambda: "turning TLS off needs a restart" in caplog.text, 10, "the refusal")
     assert get(server, client_context(pki)).status == 200
+
+
+def test_a_fifo_swapped_in_for_a_certificate_is_reported_and_never_wedges_the_reloader(
+    serve: Callable[..., MetricsServer],
+    pki: Pki,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A FIFO at a certificate's path once blocked the reloader in open() for ever: no log
+    line, no renewal after it, and a shutdown that waited for it. Now it is one line, the
+    previous pair keeps serving, a real renewal after it is picked up, and stop is prompt."""
+    renewed = make_pki(tmp_path / "renewed")
+    live = tmp_path / "live"
+    live.mkdir()
+    shutil.copy(pki.server, live / "tls.crt")
+    shutil.copy(pki.server_key, live / "tls.key")
+    pair = {"cert_file": str(live / "tls.crt"), "key_file": str(live / "tls.key")}
+    server = serve({"tls_server_config": pair}, web_reload_interval=0.1)
+    context = client_context(pki)
+    context.load_verify_locations(cafile=str(renewed.ca))
+
+    (live / "tls.crt").unlink()
+    os.mkfifo(live / "tls.crt")
+    wait_for(lambda: "not a regular file" in caplog.text, 10, "the FIFO reported")
+    assert served_certificate(server, context) == der(pki.server)
+
+    (live / "tls.crt").unlink()
+    shutil.copy(renewed.server_key, live / "tls.key")
+    shutil.copy(renewed.server, live / "tls.crt")
+    wait_for(
+        lambda: served_certificate(server, context) == der(renewed.server),
+        10,
+        "the renewal after the FIFO served",
+    )
+    began = time.monotonic()
+    server.stop()
+    assert time.monotonic() - began < 2.0  # nothing blocked: not the 5 s join of a wedged thread

@@ -4,6 +4,7 @@ side (TLS, 401s, headers) is in tests/integration/test_server_tls.py."""
 
 from __future__ import annotations
 
+import os
 import ssl
 from pathlib import Path
 from typing import Any
@@ -134,6 +135,90 @@ def test_cipher_suites_take_gos_names(tmp_path: Path, pki: Pki) -> None:
 
 def test_one_curve_preference(tmp_path: Path, pki: Pki) -> None:
     assert load(tmp_path, with_tls(pki, curve_preferences=["CurveP256"])).tls is not None
+
+
+def handshake(server: ssl.SSLContext, client_curve: str | None) -> bool:
+    """A TLS handshake in memory between `server` and a client offering only
+    `client_curve` (None: the client's default groups); True if it completes."""
+    client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    client.check_hostname = False
+    client.verify_mode = ssl.CERT_NONE
+    if client_curve is not None:
+        client.set_ecdh_curve(client_curve)
+    bios = [ssl.MemoryBIO() for _ in range(4)]
+    s = server.wrap_bio(bios[0], bios[1], server_side=True)
+    c = client.wrap_bio(bios[2], bios[3], server_hostname="localhost")
+    done = {"s": False, "c": False}
+    for _ in range(20):
+        for name, end in (("c", c), ("s", s)):
+            if not done[name]:
+                try:
+                    end.do_handshake()
+                    done[name] = True
+                except ssl.SSLWantReadError:
+                    pass
+                except ssl.SSLError:
+                    return False
+        if bios[3].pending:
+            bios[0].write(bios[3].read())
+        if bios[1].pending:
+            bios[2].write(bios[1].read())
+        if all(done.values()):
+            return True
+    return False
+
+
+# Every curve name exporter-toolkit's curve_preferences takes (web/tls_config.go), and
+# OpenSSL's name for it.
+EXPORTER_TOOLKIT_CURVES = {
+    "CurveP256": "prime256v1",
+    "CurveP384": "secp384r1",
+    "CurveP521": "secp521r1",
+    "X25519": "X25519",
+}
+
+
+@pytest.mark.parametrize("curve", [c for c in EXPORTER_TOOLKIT_CURVES if c != "X25519"])
+def test_a_nist_curve_preference_is_the_only_group_the_server_agrees_to(
+    tmp_path: Path, pki: Pki, curve: str
+) -> None:
+    web = load(tmp_path, with_tls(pki, curve_preferences=[curve]))
+    assert web.tls is not None
+    assert handshake(web.tls, EXPORTER_TOOLKIT_CURVES[curve])
+    others = [n for c, n in EXPORTER_TOOLKIT_CURVES.items() if c not in (curve, "X25519")]
+    for other in others:
+        assert not handshake(web.tls, other), (curve, other)
+
+
+def test_x25519_alone_is_refused_with_a_line_that_says_what_to_do(tmp_path: Path, pki: Pki) -> None:
+    """Python 3.11's ssl cannot make X25519 the only group; the agent says so at start
+    (exit 2) rather than crash on an uncaught SSLError, and the default it points to does
+    agree on X25519."""
+    message = refused(tmp_path, with_tls(pki, curve_preferences=["X25519"]))
+    assert "curve_preferences: X25519 cannot be set alone" in message
+    assert "remove curve_preferences" in message
+    default = load(tmp_path, tls(pki)).tls
+    assert default is not None and handshake(default, None)
+
+
+def test_a_fifo_or_a_folder_at_a_path_is_refused_at_once(tmp_path: Path, pki: Pki) -> None:
+    """A FIFO would block open() for ever (the start, or the reloader and every
+    certificate renewal after it); a folder is no file either."""
+    os.mkfifo(tmp_path / "web.yml")
+    with pytest.raises(ConfigError, match=r"cannot read .*web\.yml: not a regular file"):
+        load_web_config(tmp_path / "web.yml")
+    os.mkfifo(tmp_path / "cert.pem")
+    (tmp_path / "ca.pem").mkdir()
+    conf = tmp_path / "sub"
+    conf.mkdir()
+    for key in ("cert_file", "key_file"):
+        message = refused(conf, with_tls(pki, **{key: str(tmp_path / "cert.pem")}))
+        assert f"{key}: cannot read {tmp_path / 'cert.pem'}: not a regular file" in message
+    config = with_tls(
+        pki, client_auth_type="RequireAndVerifyClientCert", client_ca_file=str(tmp_path / "ca.pem")
+    )
+    assert "client_ca_file: no CA certificate loaded" in refused(conf, config)
+    assert "not a regular file" in refused(conf, config)
 
 
 def test_client_allowed_sans_match_dns_and_ip(tmp_path: Path, pki: Pki) -> None:
@@ -294,6 +379,7 @@ def test_a_cert_that_is_not_pem_and_a_key_that_does_not_match(tmp_path: Path, pk
         ({"cipher_suites": "TLS_AES_128_GCM_SHA256"}, "cipher_suites: expected a list"),
         ({"curve_preferences": ["CurveP999"]}, "unknown curve 'CurveP999'"),
         ({"curve_preferences": ["X25519", "CurveP256"]}, "can use only one curve"),
+        ({"curve_preferences": ["X25519"]}, "X25519 cannot be set alone"),
         ({"prefer_server_cipher_suites": "yes"}, "expected true or false"),
         ({"client_auth_type": 1}, "client_auth_type: expected a string"),
     ],
