@@ -525,12 +525,12 @@ class MetricsServer:
 
     def render_for(self, connection: _Connection, request: Request) -> None:
         """Render /metrics for `connection`, on the loop. A request that arrives while a
-        render of the same variant (format, gzip) is in flight waits for that render and
+        render of the same variant (negotiated format, gzip) is in flight waits for it and
         shares its answer: a burst of scrapers costs one render, not one each, and no
         answer is older than the render in flight when its request arrived. Nothing is
         kept once answered (how fresh a collection must be is the agent's business)."""
         key = (
-            _openmetrics_accept(request),
+            _negotiated_format(request),
             accepts_gzip(request.headers.get("accept-encoding", "")),
         )
         waiting = self._inflight.get(key)
@@ -554,6 +554,14 @@ class MetricsServer:
     def _rendered(self, key: tuple[str, bool], answer: _Answer) -> None:
         for connection, request in self._inflight.pop(key, []):
             connection.rendered(request, answer)
+
+
+def _negotiated_format(request: Request) -> str:
+    """The content type `render` answers `request` with ("" for the text format): renders
+    are shared by it, not by the `Accept` header's spelling, so scrapers that write the
+    same wish differently (order, spaces, q-values, other types beside it) share one."""
+    accept = _openmetrics_accept(request)
+    return choose_encoder(accept)[1] if accept else ""
 
 
 def _openmetrics_accept(request: Request) -> str:

@@ -435,6 +435,67 @@ def test_a_failing_render_is_500_and_logged_once_per_change(
     assert all(r.exc_info is None for r in caplog.records)
 
 
+class GatedOpenMetrics:
+    """A registry collector that counts OpenMetrics renders (they read the registry) and
+    blocks each until the test lets it go."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.rendering = threading.Event()
+        self.renders = 0
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        self.renders += 1
+        self.rendering.set()
+        assert self.gate.wait(30), "test never released the render"
+        yield GaugeMetricFamily("gated", "A gated gauge.", value=1)
+
+
+def test_differently_spelled_accept_headers_that_ask_for_one_format_share_a_render(
+    agent: FakeAgent,
+) -> None:
+    """Scrapers write OpenMetrics wishes differently (other types beside it, q-values,
+    spaces); what they get is one format, and one render serves them all, as for identical
+    headers. A wish for another version is another format and gets its own render."""
+    gated = GatedOpenMetrics()
+    registry = CollectorRegistry()
+    registry.register(gated)
+    server = MetricsServer(("127.0.0.1", 0), registry, agent.render, lambda: True)
+    server.start()
+    spellings = [
+        "application/openmetrics-text",
+        "application/openmetrics-text;q=0.9, text/plain;q=0.5",
+        "text/html, application/openmetrics-text",
+        "application/openmetrics-text; q=0.8,*/*;q=0.1",
+        "APPLICATION/openmetrics-text",  # not OpenMetrics to prometheus_client: the text format
+    ]
+    other_version = "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;q=0.3"
+    clients: list[Client] = []
+    try:
+        for header in [*spellings, other_version]:
+            clients.append(Client(server))
+            clients[-1].send(f"GET /metrics HTTP/1.1\r\nAccept: {header}\r\n\r\n".encode())
+            if len(clients) == 1:
+                assert gated.rendering.wait(10)
+        wait_for(lambda: server.stats().requests == 6, 10, "six requests read")
+        gated.gate.set()
+        answers = [c.response() for c in clients]
+    finally:
+        gated.gate.set()
+        for c in clients:
+            c.close()
+        server.stop()
+    assert [status for status, _h, _b in answers] == [200] * 6
+    types = [headers["content-type"] for _s, headers, _b in answers]
+    assert len(set(types[:4])) == 1 and types[0].startswith("application/openmetrics-text")
+    assert types[4].startswith("text/plain")
+    assert gated.renders == 2  # the four OpenMetrics spellings, then the other version
+    assert agent.renders == 1  # the text format
+    assert server.stats().coalesced == 3
+
+
 def test_probes_answer_while_every_render_thread_is_blocked(
     serve: Callable[..., MetricsServer], agent: FakeAgent
 ) -> None:
