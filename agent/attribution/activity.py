@@ -12,8 +12,9 @@ workloads (as idle seconds are) and weighted by the MIG device's share of its GP
 
 The interval is the evaluation's (about the scrape interval), not the sampler tick: a GPU
 that alternates within one interval is judged on its averages. A GPU without GPM counts
-nothing and its workloads get no series (absent, not 0); a workload's counter outlives its
-last allocation by the idle counters' retention. Each workload's share is also charged to
+nothing and its workloads get no series (absent, not 0); a workload's counter is kept as the
+idle counters are (--workload-prune-grace, --max-workloads: agent/attribution/retention.py).
+Each workload's share is also charged to
 one cause (agent/attribution/cause.py), as idle seconds are.
 """
 
@@ -22,9 +23,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from gpuscope.agent.attribution.cause import UNKNOWN, CauseTotals
-from gpuscope.agent.attribution.idle import RETENTION_SECONDS, Judge, by_workload
+from gpuscope.agent.attribution.cause import UNKNOWN
+from gpuscope.agent.attribution.idle import Judge, WorkloadCounters, by_workload, idle_key
 from gpuscope.agent.attribution.records import CauseKey, GpuHolding, IdleKey
+from gpuscope.agent.attribution.retention import DEFAULT_GRACE, DEFAULT_MAX_WORKLOADS
 
 DEFAULT_BUSY_THRESHOLD = 0.5
 DEFAULT_SM_THRESHOLD = 0.1
@@ -46,15 +48,18 @@ class LowActivityAccountant:
         self,
         busy_threshold: float = DEFAULT_BUSY_THRESHOLD,
         sm_threshold: float = DEFAULT_SM_THRESHOLD,
-        retention: float = RETENTION_SECONDS,
+        grace: float = DEFAULT_GRACE,
+        max_workloads: int = DEFAULT_MAX_WORKLOADS,
     ) -> None:
         self._busy_threshold = busy_threshold
         self._sm_threshold = sm_threshold
-        self._retention = retention
         self._baseline: dict[str, tuple[float, float, float]] = {}  # at, busy, sm
-        self._totals: dict[IdleKey, float] = {}
-        self._last_held: dict[IdleKey, float] = {}
-        self._causes = CauseTotals()
+        self._counters = WorkloadCounters(grace, max_workloads)
+
+    @property
+    def dropped_series(self) -> int:
+        """Series left out because more than --max-workloads workloads needed a place."""
+        return self._counters.dropped_series
 
     def forget_baselines(self) -> None:
         """Allocations are unknown (kubelet down): count nothing until they are known."""
@@ -68,37 +73,34 @@ class LowActivityAccountant:
         monotonic: float,
         judge: Judge | None = None,
     ) -> None:
+        measured: list[tuple[ActivityInput, float, float, list[GpuHolding]]] = []
         for d in devices:
             holders = holdings.get(d.key, [])
             if not holders or d.busy_seconds is None or d.sm_active_seconds is None:
                 self._baseline.pop(d.key, None)
-                continue
+            else:
+                measured.append((d, d.busy_seconds, d.sm_active_seconds, holders))
+        # Only the holders of measured devices have (or keep) a series: a GPU without GPM
+        # gives its workloads none.
+        kept = self._counters.hold((idle_key(h) for *_, hs in measured for h in hs), monotonic)
+        for d, busy_seconds, sm_seconds, holders in measured:
             workloads = by_workload(holders)
-            for w in workloads:
-                self._last_held[w] = monotonic
-                self._totals.setdefault(w, 0.0)
-                self._causes.hold(w)
             previous = self._baseline.get(d.key)
-            self._baseline[d.key] = (monotonic, d.busy_seconds, d.sm_active_seconds)
+            self._baseline[d.key] = (monotonic, busy_seconds, sm_seconds)
             if previous is None or monotonic <= previous[0]:
                 continue
             elapsed = monotonic - previous[0]
-            busy = (d.busy_seconds - previous[1]) / elapsed
-            sm = (d.sm_active_seconds - previous[2]) / elapsed
+            busy = (busy_seconds - previous[1]) / elapsed
+            sm = (sm_seconds - previous[2]) / elapsed
             if busy >= self._busy_threshold and 0 <= sm < self._sm_threshold:
                 share = elapsed * d.weight / len(workloads)
                 for w, theirs in workloads.items():
-                    self._totals[w] += share
-                    self._causes.charge(w, judge(theirs) if judge else UNKNOWN, share)
-        for w, held in list(self._last_held.items()):
-            if monotonic - held > self._retention:
-                del self._last_held[w]
-                self._totals.pop(w, None)
-                self._causes.drop(w)
+                    if w in kept:  # one left without a place hands its share to nobody
+                        self._counters.charge(w, judge(theirs) if judge else UNKNOWN, share)
 
     def totals(self) -> dict[IdleKey, float]:
-        return dict(self._totals)
+        return self._counters.totals()
 
     def cause_totals(self) -> dict[CauseKey, float]:
         """The totals by cause: summed over the causes, a workload's are its total."""
-        return self._causes.totals()
+        return self._counters.cause_totals()

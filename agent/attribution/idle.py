@@ -21,6 +21,11 @@ times its share of the GPU: seven idle 1g instances add up to one idle GPU.
 Each workload's share of an interval is also charged to one cause (agent/attribution/cause.py),
 judged by the stage from that workload's holder pods of the device (`unknown` when the
 accountant is given no judge), so the cause counters add up to the workload's counter.
+
+A workload's counters go --workload-prune-grace after it last held a GPU, and at most
+--max-workloads are kept (agent/attribution/retention.py). A workload left without a place
+gets no share of an interval, and its share is not handed to the others: the counters never
+claim more idle time than a GPU had.
 """
 
 from __future__ import annotations
@@ -28,10 +33,17 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gpuscope.agent.attribution.cause import UNKNOWN, CauseTotals
+from gpuscope.agent.attribution.cause import CAUSES, UNKNOWN, CauseTotals
 from gpuscope.agent.attribution.records import CauseKey, GpuHolding, IdleKey
+from gpuscope.agent.attribution.retention import (
+    DEFAULT_GRACE,
+    DEFAULT_MAX_WORKLOADS,
+    WorkloadRetention,
+)
 
-RETENTION_SECONDS = 900.0  # a workload's counter outlives its last allocation by this much
+# The series one workload has in each of the idle and low-activity families: its counter and
+# one per cause. What a workload left out (agent/attribution/retention.py) costs.
+SERIES_PER_WORKLOAD = 1 + len(CAUSES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,14 +70,69 @@ def by_workload(holders: Sequence[GpuHolding]) -> dict[IdleKey, list[GpuHolding]
     return out
 
 
+class WorkloadCounters:
+    """Per-workload totals and their causes, kept while `WorkloadRetention` keeps the
+    workload: what the idle and the low-activity accountants share."""
+
+    def __init__(self, grace: float, limit: int) -> None:
+        self._retention = WorkloadRetention(grace, limit)
+        self._totals: dict[IdleKey, float] = {}
+        self._causes = CauseTotals()
+        self.dropped_series = 0  # series left out for --max-workloads, since the start
+
+    def hold(self, held: Iterable[IdleKey], monotonic: float) -> frozenset[IdleKey]:
+        """This evaluation's holders: those not kept (grace over, or evicted) go, those
+        kept start at 0 with every cause; returns the workloads that may be charged."""
+        admission = self._retention.admit(set(held), monotonic)
+        for w in admission.gone:
+            self._totals.pop(w, None)
+            self._causes.drop(w)
+        for w in admission.kept:
+            self._totals.setdefault(w, 0.0)
+            self._causes.hold(w)
+        self.dropped_series += (admission.evicted + admission.refused) * SERIES_PER_WORKLOAD
+        return admission.kept
+
+    def charge(self, workload: IdleKey, cause: str, seconds: float) -> None:
+        self._totals[workload] += seconds
+        self._causes.charge(workload, cause, seconds)
+
+    def __len__(self) -> int:
+        return len(self._retention)
+
+    @property
+    def limit(self) -> int:
+        return self._retention.limit
+
+    def totals(self) -> dict[IdleKey, float]:
+        return dict(self._totals)
+
+    def cause_totals(self) -> dict[CauseKey, float]:
+        return self._causes.totals()
+
+
 class IdleAccountant:
-    def __init__(self, retention: float = RETENTION_SECONDS) -> None:
-        self._retention = retention
+    def __init__(
+        self, grace: float = DEFAULT_GRACE, max_workloads: int = DEFAULT_MAX_WORKLOADS
+    ) -> None:
         self._first_seen: dict[tuple[str, str, str, str], float] = {}  # uuid, ns, pod, ctr
         self._baseline: dict[str, float] = {}  # uuid -> idle integral at the last evaluation
-        self._totals: dict[IdleKey, float] = {}
-        self._last_held: dict[IdleKey, float] = {}  # monotonic time the key last held a GPU
-        self._causes = CauseTotals()
+        self._counters = WorkloadCounters(grace, max_workloads)
+
+    @property
+    def dropped_series(self) -> int:
+        """Series left out because more than --max-workloads workloads needed a place."""
+        return self._counters.dropped_series
+
+    @property
+    def workloads(self) -> int:
+        """Workloads whose counters are kept now."""
+        return len(self._counters)
+
+    @property
+    def limit(self) -> int:
+        """--max-workloads."""
+        return self._counters.limit
 
     def forget_baselines(self) -> None:
         """Allocations are unknown (kubelet down): stop counting rather than guess who held
@@ -87,6 +154,10 @@ class IdleAccountant:
         gauges: dict[str, float | None] = {}
         seen_holders: set[tuple[str, str, str, str]] = set()
         evaluated: set[str] = set()
+        gpus = list(gpus)
+        kept = self._counters.hold(
+            (idle_key(h) for gpu in gpus for h in holdings.get(gpu.uuid, ())), monotonic
+        )
         for gpu in gpus:
             evaluated.add(gpu.uuid)
             holders = holdings.get(gpu.uuid, [])
@@ -100,10 +171,6 @@ class IdleAccountant:
             seen_holders.update(keys)
             start = min(self._first_seen[key] for key in keys)
             workloads = by_workload(holders)
-            for w in workloads:
-                self._last_held[w] = monotonic
-                self._totals.setdefault(w, 0.0)
-                self._causes.hold(w)
             if gpu.idle_integral is None:
                 gauges[gpu.uuid] = None
                 continue
@@ -111,24 +178,21 @@ class IdleAccountant:
             gauges[gpu.uuid] = max(0.0, now - since)
             previous = self._baseline.get(gpu.uuid)
             if previous is not None and gpu.idle_integral > previous:
+                # Split between every workload on the device, counted or not: a workload
+                # left without a place never hands its share to the others.
                 share = (gpu.idle_integral - previous) * gpu.weight / len(workloads)
                 for w, theirs in workloads.items():
-                    self._totals[w] += share
-                    self._causes.charge(w, judge(theirs) if judge else UNKNOWN, share)
+                    if w in kept:
+                        self._counters.charge(w, judge(theirs) if judge else UNKNOWN, share)
             self._baseline[gpu.uuid] = gpu.idle_integral
         for key in list(self._first_seen):
             if key[0] in evaluated and key not in seen_holders:
                 del self._first_seen[key]
-        for w, held in list(self._last_held.items()):
-            if monotonic - held > self._retention:
-                del self._last_held[w]
-                self._totals.pop(w, None)
-                self._causes.drop(w)
         return gauges
 
     def totals(self) -> dict[IdleKey, float]:
-        return dict(self._totals)
+        return self._counters.totals()
 
     def cause_totals(self) -> dict[CauseKey, float]:
         """The totals by cause: summed over the causes, a workload's are its total."""
-        return self._causes.totals()
+        return self._counters.cause_totals()

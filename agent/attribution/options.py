@@ -9,6 +9,7 @@ from gpuscope.agent.attribution.cause import (
     DEFAULT_PRESSURE_THRESHOLD,
     DEFAULT_RETRANSMIT_THRESHOLD,
 )
+from gpuscope.agent.attribution.retention import DEFAULT_GRACE, DEFAULT_MAX_WORKLOADS
 from gpuscope.agent.k8s.podresources.gpus import DEFAULT_GPU_RESOURCES
 from gpuscope.agent.options import ConfigError, flag, names
 
@@ -73,4 +74,18 @@ class AttributionOptions:
         "TCP retransmits per second of a holder pod (net collector) at which idle seconds "
         "without pressure are charged to cause network",
         check=lambda v: None if v >= 0 else f"expected 0 or more per second, got {v:g}",
+    )
+    # How long and how many per-workload counters are kept (agent/attribution/retention.py
+    # says why 300 s and 256).
+    workload_prune_grace: float = flag(
+        DEFAULT_GRACE,
+        "seconds a workload's idle and low-activity counters outlive its last GPU allocation "
+        "(one that comes back later starts again at 0, a reset to rate() and increase())",
+        check=lambda v: None if 0 <= v <= 86_400 else f"expected 0 to 86400 seconds, got {v:g}",
+    )
+    max_workloads: int = flag(
+        DEFAULT_MAX_WORKLOADS,
+        "most workloads whose per-workload counters are kept; past it the one that held no GPU "
+        "for longest goes first, counted in gpuscope_series_dropped_total",
+        check=lambda v: None if 1 <= v <= 100_000 else f"expected 1 to 100000 workloads, got {v}",
     )

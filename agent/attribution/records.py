@@ -111,6 +111,9 @@ class PodStartup:
 
 
 IdleKey = tuple[str, str, str]  # namespace, workload kind, workload
+# gpuscope_series_dropped_total's reason for per-workload series left out past --max-workloads
+# (agent/attribution/retention.py).
+WORKLOAD_LIMIT = "workload_limit"
 CauseKey = tuple[str, str, str, str]  # namespace, workload kind, workload, cause
 
 
@@ -141,6 +144,8 @@ class Attribution:
     low_activity_cause_seconds_total: Mapping[CauseKey, float] = field(default_factory=dict)
     # Pods whose start-up (scheduling to first GPU activity) is known, while they live.
     startups: tuple[PodStartup, ...] = ()
+    # Series the stage left out since the agent started, by reason (`WORKLOAD_LIMIT`).
+    series_dropped: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

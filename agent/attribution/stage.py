@@ -23,6 +23,7 @@ from gpuscope.agent.attribution.idle import GpuIdleInput, IdleAccountant, Judge
 from gpuscope.agent.attribution.options import AttributionOptions
 from gpuscope.agent.attribution.processes import Dropped, process_pod
 from gpuscope.agent.attribution.records import (
+    WORKLOAD_LIMIT,
     Attribution,
     GpuHolding,
     GpuStatus,
@@ -71,11 +72,16 @@ class Attributor:
         self._procfs = procfs
         self._resources = tuple(gpu_resource_names)
         self._clock = clock or SystemClock()
-        self._idle = idle or IdleAccountant()
         opts = options or AttributionOptions()
+        self._idle = idle or IdleAccountant(opts.workload_prune_grace, opts.max_workloads)
         self._low = LowActivityAccountant(
-            opts.low_activity_busy_threshold, opts.low_activity_sm_threshold
+            opts.low_activity_busy_threshold,
+            opts.low_activity_sm_threshold,
+            opts.workload_prune_grace,
+            opts.max_workloads,
         )
+        self._workloads_over = False  # past --max-workloads, until back under 90% of it
+        self._workloads_dropped = 0
         self._energy = EnergyAccountant()
         self._signals = pod_signals  # None: no per-pod cgroup signals
         self._signals_all = opts.pod_signals_all_pods
@@ -130,6 +136,7 @@ class Attributor:
         if holdings is not None:
             refused = gpu.processes_refused if gpu is not None else frozenset()
             statuses, migs = self._statuses(readings, holders, usage, refused, judge)
+            self._say_workloads()
             energy = self._energy.evaluate(readings, holders, usage, _refs(holdings, by_name))
         else:
             self._idle.forget_baselines()
@@ -160,7 +167,29 @@ class Attributor:
             idle_cause_seconds_total=self._idle.cause_totals() if held else {},
             low_activity_cause_seconds_total=self._low.cause_totals() if held else {},
             startups=startups,
+            series_dropped={WORKLOAD_LIMIT: self._workloads_dropped},
         )
+
+    def _say_workloads(self) -> None:
+        """One line when the workloads pass --max-workloads, one when they are well under it
+        again (90%), never one per evaluation; the count is in gpuscope_series_dropped_total."""
+        dropped = self._idle.dropped_series + self._low.dropped_series
+        limit = self._idle.limit
+        if dropped > self._workloads_dropped and not self._workloads_over:
+            log.warning(
+                "more than --max-workloads %d workloads held a GPU within --workload-prune-grace: "
+                "the counters of those that held none for longest are dropped early, and "
+                "holders without a place are not counted (gpuscope_series_dropped_total"
+                '{reason="workload_limit"})',
+                limit,
+            )
+            self._workloads_over = True
+        elif self._workloads_over and self._idle.workloads < 0.9 * limit:
+            log.info(
+                "%d workloads kept, within --max-workloads %d again", self._idle.workloads, limit
+            )
+            self._workloads_over = False
+        self._workloads_dropped = dropped
 
     def _startups(self, active: set[str], by_uid: Mapping[str, PodMeta]) -> tuple[PodStartup, ...]:
         known = self._startup.evaluate(active, by_uid, self._clock.time())
@@ -286,11 +315,16 @@ class Attributor:
         for a in dra.allocations:
             if (a.namespace, a.pod) not in alive:
                 continue
+            # The device's own UUID (a GPU, or a MIG device of one); else, for a device
+            # published without one or a MIG device NVML does not list yet, its GPU.
             uuid = a.device_uuid if a.device_uuid in index else migs.get(a.device_uuid)
+            if uuid is None and a.parent_uuid in index:
+                uuid = a.parent_uuid
             if uuid is None:
+                named = a.device_uuid or f"on GPU {a.parent_uuid}"
                 problems.add(
                     f"claim {a.namespace}/{a.claim} (pod {a.pod}) device "
-                    f"{a.driver}/{a.pool}/{a.device} is {a.device_uuid}, no GPU of this node"
+                    f"{a.driver}/{a.pool}/{a.device} is {named}, no GPU of this node"
                 )
                 continue
             out.append((uuid, a.namespace, a.pod, a.container))

@@ -1,6 +1,7 @@
 """From Kubernetes objects to DRA GPU allocations: pure functions, tested on literal objects.
 
-Three kinds of object say which GPU a container was given through DRA (`resource.k8s.io/v1`):
+Three kinds of object say which GPU a container was given through DRA (`resource.k8s.io`,
+`v1` from Kubernetes 1.34, `v1beta2` from 1.33, `v1beta1` from 1.32: every shape is read):
 
 - the pod: `spec.resourceClaims[]` names each claim it uses (`resourceClaimName`, or a
   `resourceClaimTemplateName` from which the control plane makes one, whose generated name is
@@ -17,6 +18,21 @@ Three kinds of object say which GPU a container was given through DRA (`resource
 The kubelet's PodResources answer names the same claims, but its CDI device names
 (`k8s.gpu.nvidia.com/device=gpu-0`, `k8s.gpu.nvidia.com/claim=<claim uid>-gpu-0`) carry no
 UUID: only the slices can turn a device name into a GPU.
+
+Where the versions differ: a `v1beta1` slice device keeps its attributes (and counters) under
+`basic`, `v1beta2` and `v1` on the device itself; a `v1beta1` claim request has its
+`adminAccess` on the request, later ones under `exactly`. Every version's allocation results
+say `adminAccess` (from 1.32). A device allocated for **admin access** (a monitoring pod
+that inspects a GPU another claim holds) is not an allocation: it is left out, or the GPU
+would count the monitor as a second holder.
+
+A device without a `uuid` attribute (NVIDIA's dynamic MIG devices: the MIG device exists only
+once prepared, so the driver cannot publish its UUID) counts for its GPU: by its `parentUUID`
+attribute, or where it has none by its placement: the counter set it consumes from
+(`consumesCounters`, partitionable devices) that a whole GPU of the same pool (a device with
+a `uuid` and type `gpu`) consumes from too, else its name (`gpu-<minor>-mig-...` is a
+partition of the pool's `gpu-<minor>`). Only a device that none of these places is left
+out, and said.
 
 `parse_*` keep only what the join needs (a watch over every claim of a cluster holds small
 records), returning None for an object with nothing to keep.
@@ -45,6 +61,7 @@ class SliceDevice:
     type: str = ""
     parent_uuid: str = ""
     slice: str = ""  # the ResourceSlice's name, for log lines
+    counter_sets: tuple[str, ...] = ()  # the counter sets it consumes from (its placement)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +142,8 @@ def parse_slice(
     pool = str(_map(spec.get("pool")).get("name", ""))
     devices = []
     for device in _strings(spec.get("devices")):
-        attributes = _map(device.get("attributes"))
+        body = _map(device.get("basic")) or device  # v1beta1 nests it under `basic`
+        attributes = _map(body.get("attributes"))
         devices.append(
             SliceDevice(
                 driver=driver,
@@ -135,9 +153,23 @@ def parse_slice(
                 type=_attribute(attributes, driver, "type"),
                 parent_uuid=_attribute(attributes, driver, "parentUUID"),
                 slice=name,
+                counter_sets=tuple(
+                    str(c["counterSet"])
+                    for c in _strings(body.get("consumesCounters"))
+                    if c.get("counterSet")
+                ),
             )
         )
     return name, tuple(devices)
+
+
+def _admin_requests(spec: Mapping[str, Any]) -> frozenset[str]:
+    """The claim's requests for admin access (v1beta1: on the request; later: `exactly`)."""
+    return frozenset(
+        str(r.get("name", ""))
+        for r in _strings(_at(spec, "devices", "requests"))
+        if (_map(r.get("exactly")) or r).get("adminAccess") is True
+    )
 
 
 def parse_claim(
@@ -150,6 +182,9 @@ def parse_claim(
     if node_name and not _may_be_on(_at(status, "allocation", "nodeSelector"), node_name):
         return key, None
     devices = _at(status, "allocation", "devices", "results")
+    # Admin access is not allocation: the allocator copies the request's flag into each
+    # result (1.32+); the request is read too, for a result written without it.
+    admin = _admin_requests(_map(obj.get("spec")))
     results = tuple(
         AllocatedDevice(
             request=str(r.get("request", "")),
@@ -159,6 +194,8 @@ def parse_claim(
         )
         for r in _strings(devices)
         if r.get("driver") in drivers
+        and r.get("adminAccess") is not True
+        and str(r.get("request", "")).split("/")[0] not in admin
     )
     if not results:
         return key, None
@@ -240,12 +277,14 @@ def resolve(
     """The GPU allocations of `pods` (this node's), through their claims and this node's
     slices. A claim counts for a pod only once it is reserved for that pod (a shared claim:
     for each pod it is reserved for); a claim not allocated yet, or not reserved yet, gives
-    nothing. A device without a `uuid` attribute, or published by no slice of this node, is
-    left out and said once in `unresolved`."""
+    nothing. A device without a `uuid` attribute counts for its GPU (`parent_uuid`, from its
+    `parentUUID` attribute or its counter set); one that names no GPU either way, or that no
+    slice of this node publishes, is left out and said once in `unresolved`."""
     devices: dict[DeviceKey, SliceDevice] = {}
     for published in slices:
         for d in published:
             devices[(d.driver, d.pool, d.name)] = d
+    parents = _whole_gpus_by_counter_set(devices.values())
     allocations: dict[DraAllocation, None] = {}
     unresolved: dict[str, None] = {}
     for pod in pods:
@@ -265,9 +304,11 @@ def resolve(
                 if device is None:
                     unresolved[f"{where}: no ResourceSlice of this node publishes it"] = None
                     continue
-                if not device.uuid:
+                parent = device.parent_uuid or _placed_on(device, parents, devices)
+                if not device.uuid and not parent:
                     unresolved[
-                        f"{where}: its ResourceSlice {device.slice} gives it no uuid attribute"
+                        f"{where}: its ResourceSlice {device.slice} gives it no uuid attribute, "
+                        "no parentUUID, and no counter set or name of a published GPU"
                     ] = None
                     continue
                 allocation = DraAllocation(
@@ -281,7 +322,33 @@ def resolve(
                     device=result.device,
                     device_uuid=device.uuid,
                     device_type=device.type,
-                    parent_uuid=device.parent_uuid,
+                    parent_uuid=parent,
                 )
                 allocations[allocation] = None
     return DraSnapshot(allocations=tuple(allocations), unresolved=tuple(unresolved))
+
+
+def _placed_on(
+    device: SliceDevice, parents: Mapping[DeviceKey, str], devices: Mapping[DeviceKey, SliceDevice]
+) -> str:
+    """The UUID of the whole GPU a device without a `parentUUID` is on, "" if unknown: by the
+    counter set it consumes from, else by NVIDIA's names, `gpu-<minor>-mig-...` being a
+    partition of `gpu-<minor>` in the same pool (deviceinfo.go's canonical names)."""
+    for cs in device.counter_sets:
+        if (device.driver, device.pool, cs) in parents:
+            return parents[(device.driver, device.pool, cs)]
+    whole, sep, _ = device.name.partition("-mig-")
+    gpu = devices.get((device.driver, device.pool, whole)) if sep else None
+    return gpu.uuid if gpu is not None and gpu.type == "gpu" else ""
+
+
+def _whole_gpus_by_counter_set(devices: Iterable[SliceDevice]) -> dict[DeviceKey, str]:
+    """(driver, pool, counter set) -> the UUID of the whole GPU consuming from it. With
+    partitionable devices a GPU and its partitions consume from one counter set of their
+    pool, so the set places a partition on its GPU; a set two GPUs share names neither."""
+    found: dict[DeviceKey, set[str]] = {}
+    for d in devices:
+        if d.uuid and d.type == "gpu":
+            for cs in d.counter_sets:
+                found.setdefault((d.driver, d.pool, cs), set()).add(d.uuid)
+    return {key: next(iter(uuids)) for key, uuids in found.items() if len(uuids) == 1}

@@ -1,13 +1,14 @@
 """Declaration of the `dra` collector: GPUs allocated through Dynamic Resource Allocation
-(`resource.k8s.io/v1`, Kubernetes 1.34+), from the claims' allocation results and the
+(`resource.k8s.io`: v1 on Kubernetes 1.34+, else v1beta2 on 1.33, else v1beta1 on 1.32, the
+newest the API server's discovery offers), from the claims' allocation results and the
 driver's ResourceSlices.
 
 Off by default, on with `--collectors ...,dra`: the API offers no field selector for a
 claim's node, so the collector watches every ResourceClaim of the cluster (keeping only this
 node's), and every claim change then reaches every node's agent, a load on the API server a
 cluster that allocates GPUs through the device plugin should not pay; and an API server
-before 1.34 serves no `resource.k8s.io/v1` at all (the collector then fails with one line
-saying so). It renders nothing itself: the attribution stage joins its records with the
+before 1.32 serves no version of `resource.k8s.io` the collector reads (it then fails with
+one line saying so). It renders nothing itself: the attribution stage joins its records with the
 kubelet's and the GPUs'.
 """
 
@@ -64,7 +65,8 @@ def _build(ctx: BuildContext[DraOptions]) -> Source[DraSnapshot]:
 DRA: Collector[DraSnapshot, DraOptions] = Collector(
     name="dra",
     summary="GPUs allocated through Dynamic Resource Allocation, from the ResourceClaims' "
-    "allocation results and the driver's ResourceSlices (Kubernetes API, resource.k8s.io/v1).",
+    "allocation results and the driver's ResourceSlices (Kubernetes API, resource.k8s.io v1, "
+    "v1beta2 or v1beta1, the newest served).",
     records=DraSnapshot,
     options=DraOptions,
     build=_build,

@@ -1,7 +1,7 @@
 """Immutable records of the `dra` collector: which GPU each container got through Dynamic
-Resource Allocation (`resource.k8s.io/v1`), from the claims' allocation results and the
-driver's ResourceSlices. Kept apart from the watches (I/O) so that the attribution stage
-imports only data."""
+Resource Allocation (`resource.k8s.io` v1, v1beta2 or v1beta1), from the claims' allocation
+results and the driver's ResourceSlices. Kept apart from the watches (I/O) so that the
+attribution stage imports only data."""
 
 from __future__ import annotations
 
@@ -19,8 +19,10 @@ class DraAllocation:
 
     `device_uuid` is the device's `uuid` attribute in its ResourceSlice: a GPU UUID
     (`GPU-...`, device `type` "gpu") or a MIG device's (`MIG-...`, type "mig", with its
-    GPU in `parent_uuid`). `claim` is the ResourceClaim's name (in the pod's namespace), the
-    generated one for a claim made from a ResourceClaimTemplate.
+    GPU in `parent_uuid`); "" for a device published without one (NVIDIA's dynamic MIG
+    devices), which counts for the GPU in `parent_uuid` (its `parentUUID` attribute, or the
+    whole GPU whose counter set it consumes from). `claim` is the ResourceClaim's name (in
+    the pod's namespace), the generated one for a claim made from a ResourceClaimTemplate.
     """
 
     namespace: str
@@ -40,8 +42,9 @@ class DraAllocation:
 class DraSnapshot:
     """Every DRA GPU allocation of this node's pods, and why any other was left out.
 
-    `unresolved` holds one line per allocated device that could not be named (its slice has
-    no `uuid` attribute, or no slice of this node publishes it): the attribution stage logs
+    `unresolved` holds one line per allocated device that could not be named (its slice
+    gives it neither a `uuid` nor a GPU to place it on, or no slice of this node publishes
+    it): the attribution stage logs
     each once and leaves that device unattributed.
     """
 

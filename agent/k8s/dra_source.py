@@ -3,11 +3,16 @@
 Three list + watch caches (agent/k8s/listwatch.py), each on its own thread:
 
 - this node's pods that use claims (`fieldSelector=spec.nodeName=<node>`);
-- every ResourceClaim (`resource.k8s.io/v1`; the API has no field selector for a claim's
-  node, so all namespaces are watched), keeping only claims allocated GPUs on this node
+- every ResourceClaim (the API has no field selector for a claim's node, so all namespaces
+  are watched), keeping only claims allocated GPUs on this node
   (their allocation's node selector), and of those only the GPU results and the UIDs of the
   pods each is reserved for;
 - this node's ResourceSlices (`fieldSelector=spec.nodeName=<node>`), of the GPU drivers only.
+
+Claims and slices are read in the newest version of `resource.k8s.io` the API server serves,
+`v1` (Kubernetes 1.34+), else `v1beta2` (1.33), else `v1beta1` (1.32, the oldest NVIDIA's
+driver supports): the group's discovery document says which (agent/k8s/listwatch.py), and
+`dra.parse_*` read every version's shape.
 
 A collection joins them (`dra.resolve`), recomputed only when one of the caches changed.
 As for the `pods` source, a watch that fails keeps its last objects and the collection
@@ -45,9 +50,10 @@ class DraSource:
         **watch_options: Any,
     ) -> None:
         """`watch_options` go to each `ListWatch` (backoffs, the server-side watch timeout)."""
+        from lightkube.resources import resource_v1, resource_v1beta1, resource_v1beta2
         from lightkube.resources.core_v1 import Pod
-        from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
+        versions = (resource_v1, resource_v1beta2, resource_v1beta1)  # newest first
         self._clock = clock or SystemClock()
         wanted = frozenset(drivers)
         on_node = {"spec.nodeName": node_name}
@@ -62,12 +68,13 @@ class DraSource:
         )  # fmt: skip
         parse_claim = functools.partial(dra.parse_claim, drivers=wanted, node_name=node_name)
         self.claims: ListWatch[dra.ClaimKey, dra.Claim] = ListWatch(
-            client_factory, ResourceClaim, parse_claim,
-            what="resourceclaims.resource.k8s.io/v1", namespace="*", **common,
+            client_factory, [v.ResourceClaim for v in versions], parse_claim,
+            what="resourceclaims.resource.k8s.io", namespace="*", **common,
         )  # fmt: skip
         self.slices: ListWatch[str, tuple[dra.SliceDevice, ...]] = ListWatch(
-            client_factory, ResourceSlice, functools.partial(dra.parse_slice, drivers=wanted),
-            what=f"resourceslices.resource.k8s.io/v1 of node {node_name}", fields=on_node,
+            client_factory, [v.ResourceSlice for v in versions],
+            functools.partial(dra.parse_slice, drivers=wanted),
+            what=f"resourceslices.resource.k8s.io of node {node_name}", fields=on_node,
             **common,
         )  # fmt: skip
         self._watches: tuple[ListWatch[Any, Any], ...] = (self.pods, self.claims, self.slices)

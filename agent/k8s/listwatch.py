@@ -6,6 +6,14 @@ watch asks for bookmarks and a jittered server-side timeout and reads with a tim
 than the bookmark gap (silence drops the connection and relists), and while the API server is
 unreachable the last objects stay and the connection is retried with a backoff.
 
+A resource served in several versions (DRA's `resource.k8s.io` v1, v1beta2, v1beta1) is given
+as its candidates, newest first: before each list the API group's discovery document
+(`GET /apis/<group>`, as kubectl and client-go read it) says which versions the API server
+serves, the list takes the first candidate among them and the watch follows in that version.
+So an agent reads a 1.32 cluster as it reads a 1.34 one, and moves to the newer version at
+its next relist after an upgrade; a server that serves none of them fails the list with one
+line naming what it does serve.
+
 What is cached is not the object but what `parse` keeps of it: `parse(obj) -> (key, value)`,
 a value of None meaning "nothing worth keeping" (removed from the cache), so a watch over
 every ResourceClaim of a cluster holds a few small records, not the objects.
@@ -17,7 +25,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
@@ -34,18 +42,19 @@ SHORT_WATCH = 1.0  # seconds: a watch that ends sooner with no event is a failur
 class ListWatch(Generic[K, V]):
     """This cache's objects, by key, in `items()` (an immutable map, swapped atomically).
 
-    `resource` is a lightkube resource class; `namespace` "*" watches every namespace (None
-    for a cluster-scoped resource); `fields` is a field selector. `what` names the cache in
-    log lines and errors ("resourceslices of node n1"). `synced` is set after the first
-    successful list, `attempted` after the first list whatever its outcome; `error` is the
-    last failure (one line) until a list succeeds again; `alive_at` is when the API server
-    last answered (a list, an event, a bookmark), on `monotonic`.
+    `resource` is a lightkube resource class, or its versions newest first (module
+    docstring); `served` is the one the last list used. `namespace` "*" watches every
+    namespace (None for a cluster-scoped resource); `fields` is a field selector. `what`
+    names the cache in log lines and errors ("resourceslices of node n1"). `synced` is set
+    after the first successful list, `attempted` after the first list whatever its outcome;
+    `error` is the last failure (one line) until a list succeeds again; `alive_at` is when
+    the API server last answered (a list, an event, a bookmark), on `monotonic`.
     """
 
     def __init__(
         self,
         client_factory: Callable[[], Any],
-        resource: type[Any],
+        resource: type[Any] | Sequence[type[Any]],
         parse: Callable[[Mapping[str, Any]], tuple[K, V | None]],
         *,
         what: str,
@@ -58,7 +67,10 @@ class ListWatch(Generic[K, V]):
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._client_factory = client_factory
-        self._resource = resource
+        self._candidates: tuple[type[Any], ...] = (
+            tuple(resource) if isinstance(resource, Sequence) else (resource,)
+        )
+        self.served: type[Any] = self._candidates[0]
         self._parse = parse
         self.what = what
         self._namespace = namespace
@@ -146,7 +158,7 @@ class ListWatch(Generic[K, V]):
         _close(client)
 
     def _list(self, client: Any) -> str:
-        listing = client.list(self._resource, namespace=self._namespace, fields=self._fields)
+        listing = self._list_served(client)
         items: dict[K, V] = {}
         for obj in listing:
             key, value = self._parse(obj.to_dict())
@@ -162,6 +174,26 @@ class ListWatch(Generic[K, V]):
         self.attempted.set()
         return str(listing.resourceVersion)
 
+    def _list_served(self, client: Any) -> Any:
+        """The list in the newest candidate version the API server serves (module docstring)."""
+        resource = self._candidates[0]
+        if len(self._candidates) > 1:
+            resource = _newest_served(client, self._candidates)
+            if resource is not self.served or (
+                resource is not self._candidates[0] and not self.lists
+            ):
+                newer = self._candidates[: self._candidates.index(resource)]
+                log.info(
+                    "watching %s in %s%s",
+                    self.what,
+                    _version(resource),
+                    f" (the API server serves no {', '.join(map(_version, newer))})"
+                    if newer
+                    else "",
+                )
+        self.served = resource
+        return client.list(resource, namespace=self._namespace, fields=self._fields)
+
     def _watch(self, client: Any, rv: str) -> None:
         from lightkube import ApiError
 
@@ -171,7 +203,7 @@ class ListWatch(Generic[K, V]):
             try:
                 for op, obj in watch_once(
                     client,
-                    self._resource,
+                    self.served,
                     namespace=self._namespace,
                     fields=self._fields,
                     resource_version=rv,
@@ -202,6 +234,49 @@ class ListWatch(Generic[K, V]):
                 raise RuntimeError(
                     f"the API server ended the watch of {self.what} at once, sending nothing"
                 )
+
+
+def _version(resource: type[Any]) -> str:
+    """`group/version` of a lightkube resource class, for log lines."""
+    info = _info(resource)
+    return f"{info.group}/{info.version}" if info.group else str(info.version)
+
+
+class NotServed(Exception):
+    """The API server serves none of a resource's candidate versions."""
+
+
+def served_versions(client: Any, group: str) -> tuple[str, ...]:
+    """The versions of `group` the API server serves, by its discovery document
+    (`GET /apis/<group>`: an APIGroup, its `versions[].version`); () when it serves no such
+    group (404). lightkube has no discovery call: the request goes through its HTTP client,
+    with the client's own server, credentials and timeouts."""
+    generic = client._client  # lightkube's GenericSyncClient, as in watch_once
+    response = generic.send(generic._client.build_request("GET", f"/apis/{group}"))
+    if response.status_code == 404:
+        return ()
+    generic.raise_for_status(response)  # lightkube's ApiError, with the Status
+    versions = response.json().get("versions")
+    return tuple(
+        str(v["version"]) for v in versions or () if isinstance(v, dict) and "version" in v
+    )
+
+
+def _newest_served(client: Any, candidates: Sequence[type[Any]]) -> type[Any]:
+    group = _info(candidates[0]).group
+    served = served_versions(client, group)
+    for resource in candidates:
+        if _info(resource).version in served:
+            return resource
+    wanted = ", ".join(_version(r) for r in candidates)
+    raise NotServed(
+        f"the API server serves none of {wanted}"
+        + (f" (it serves {', '.join(f'{group}/{v}' for v in served)})" if served else "")
+    )
+
+
+def _info(resource: type[Any]) -> Any:
+    return resource._api_info.resource  # lightkube's only record of a class's group/version
 
 
 def _one_line(exc: BaseException) -> str:

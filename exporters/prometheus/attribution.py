@@ -74,4 +74,6 @@ def render_attribution(att: Attribution, out: Families) -> None:
         )  # fmt: skip
     for reason, count in att.dropped.items():
         out.add("gpuscope_inputs_dropped_total", ("attribution", reason), count)
+    for why, series in att.series_dropped.items():  # pod_limit is the exporter's (pod_bound)
+        out.add("gpuscope_series_dropped_total", ("attribution", why), series)
     render_pod_signals(att, out)

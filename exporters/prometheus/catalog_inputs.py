@@ -31,12 +31,16 @@ INPUT_METRICS: tuple[MetricSpec, ...] = (
         'rendered them and reason. reason="pod_limit": the per-pod series (every family '
         "with a pod or pod_uid label) of the pods past --max-pods-per-scrape; pods that "
         "hold or use a GPU are kept first, then by network bytes sent and received, then "
-        "by namespace and name. Host-level, device and per-workload series are never "
-        "dropped. Counts series per scrape, so rate() > 0 means some pods are not exported.",
+        "by namespace and name; host-level, device and per-workload series are never "
+        'dropped for it; counts series per scrape. reason="workload_limit" (the attribution '
+        "stage): per-workload idle and low-activity series past --max-workloads: a workload "
+        "that held no GPU for longest dropped before its --workload-prune-grace (its series, "
+        "once) and a holder left without a place (its series, per evaluation). rate() > 0 "
+        "means series are being left out.",
         ("collector", "reason"),
         "attribution",
-        "The attribution stage and each enabled collector with per-pod series, from the "
-        "first scrape (0 until a drop). One log line when the node goes over the bound and "
-        "one when it is back, never one per scrape.",
+        "The attribution stage (both reasons) and each enabled collector with per-pod series "
+        "(pod_limit), from the first scrape (0 until a drop). One log line when the node goes "
+        "over a bound and one when it is back, never one per scrape.",
     ),
 )

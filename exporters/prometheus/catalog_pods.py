@@ -99,8 +99,9 @@ ATTRIBUTION_METRICS: tuple[MetricSpec, ...] = (
         "OpenMetrics that counter's family name would clash with the gauge's.)",
         ("namespace", *WORKLOAD),
         "attribution",
-        "Workloads that held a GPU in the last 15 minutes (then dropped: increase() treats "
-        "a returning series as a reset).",
+        "Workloads that held a GPU within --workload-prune-grace (300 s), at most "
+        "--max-workloads (256); then dropped, and a workload that comes back starts again at "
+        "0 (increase() and rate() read it as a reset).",
     ),
     MetricSpec(
         "gpuscope_mig_allocation_info",
@@ -144,8 +145,8 @@ ATTRIBUTION_METRICS: tuple[MetricSpec, ...] = (
         "GPU. Compare gpuscope_workload_gpu_idle_seconds_total (no kernel at all).",
         ("namespace", *WORKLOAD),
         "attribution",
-        "Workloads that held a GPU with NVML GPM (Hopper and later) in the last 15 minutes; "
-        "absent, not 0, for GPUs without GPM.",
+        "Workloads that held a GPU with NVML GPM (Hopper and later), kept as "
+        "gpuscope_workload_gpu_idle_seconds_total is; absent, not 0, for GPUs without GPM.",
     ),
     MetricSpec(
         "gpuscope_pod_gpu_energy_joules_total",

@@ -40,11 +40,21 @@ graceful=True)` scripts the kubelet-confirmed two-step), managedFields, strict f
         api.add_pod("default", "train-0", "n1", labels={"job": "x"})
         api.kubeconfig(tmp_path / "kubeconfig")  # or host=api.url, any bearer token
 
-Dynamic Resource Allocation (`resource.k8s.io/v1` only): ResourceClaims (namespaced, with a
-status subresource, no field selector beyond name and namespace) and ResourceSlices
-(cluster-scoped, selected by `spec.nodeName` and `spec.driver`); `resource_slice`, `dra_gpu`
-and `dra_mig` build what NVIDIA's driver publishes, `resource_claim` an allocated claim,
-`pod_claim` and `claim_container` a pod's use of it:
+Dynamic Resource Allocation: ResourceClaims (namespaced, with a status subresource, no field
+selector beyond name and namespace) and ResourceSlices (cluster-scoped, selected by
+`spec.nodeName` and `spec.driver`), in the versions of `resource.k8s.io` the server is made
+with (`dra_versions`, default `("v1",)`, as Kubernetes 1.34+ with the betas off; `("v1beta1",)`
+is a 1.32 API server, `("v1beta2", "v1beta1")` a 1.33 one, `()` one without DRA). Only those
+are routed (any other is a 404) and listed by discovery (`/apis`, `/apis/resource.k8s.io`,
+the preferred version the newest). Objects are stored in one shape (v1's, as etcd keeps one
+storage version) and converted on the way in and out, with the real differences: a v1beta1
+slice device keeps its attributes, capacity and counters under `basic`, v1beta2 and v1 on
+the device; a v1beta1 claim request has its fields (`deviceClassName`, `adminAccess`, ...)
+on the request, v1beta2 and v1 under `exactly`; allocation results have one shape in all
+three. The test-side `get`/`objects` answer the stored (v1) shape. `resource_slice`,
+`dra_gpu`, `dra_mig` and `dra_dynamic_mig` build what NVIDIA's driver publishes,
+`resource_claim` an allocated claim (`version=` for a beta's shape), `pod_claim` and
+`claim_container` a pod's use of it:
 
         api.create(resource_slice("n1", [dra_gpu(0, "GPU-...")]))
         api.create(resource_claim("ml", "c", results=[("gpu", "n1", "gpu-0")],
@@ -80,7 +90,8 @@ Obj = dict[str, Any]
 NFD_GROUP = "nfd.k8s-sigs.io"
 NFD_VERSION = "v1alpha1"
 DRA_GROUP = "resource.k8s.io"
-DRA_VERSION = "v1"  # GA in Kubernetes 1.34; v1beta1/v1beta2 are not served here
+DRA_VERSION = "v1"  # GA in Kubernetes 1.34; the storage shape of DRA objects here
+DRA_VERSIONS = ("v1", "v1beta2", "v1beta1")  # what a server may be made to serve, by priority
 NVIDIA_GPU_DRIVER = "gpu.nvidia.com"
 SERVER_VERSION = {
     "major": "1",
@@ -203,31 +214,38 @@ NODE_FEATURES = ResourceType(
     builtin=False,
     generation=True,
 )
+
+
 # Dynamic Resource Allocation. ResourceClaims have no field labels beyond name and namespace
 # (nothing selects a claim by node); ResourceSlices, cluster-scoped, select by node and driver.
-RESOURCE_CLAIMS = ResourceType(
-    DRA_GROUP,
-    DRA_VERSION,
-    "resourceclaims",
-    "resourceclaim",
-    "ResourceClaim",
-    namespaced=True,
-    status_subresource=True,
-    generation=True,
-)
-RESOURCE_SLICES = ResourceType(
-    DRA_GROUP,
-    DRA_VERSION,
-    "resourceslices",
-    "resourceslice",
-    "ResourceSlice",
-    namespaced=False,
-    field_labels=("metadata.name", "spec.nodeName", "spec.driver"),
-    generation=True,
-)
-RESOURCE_TYPES = (PODS, NODES, NODE_FEATURES, RESOURCE_CLAIMS, RESOURCE_SLICES)
-_BY_PATH = {(rt.group, rt.version, rt.plural): rt for rt in RESOURCE_TYPES}
-_BY_KIND = {(rt.api_version, rt.kind): rt for rt in RESOURCE_TYPES}
+def _dra_types(version: str) -> tuple[ResourceType, ResourceType]:
+    claims = ResourceType(
+        DRA_GROUP,
+        version,
+        "resourceclaims",
+        "resourceclaim",
+        "ResourceClaim",
+        namespaced=True,
+        status_subresource=True,
+        generation=True,
+    )
+    slices = ResourceType(
+        DRA_GROUP,
+        version,
+        "resourceslices",
+        "resourceslice",
+        "ResourceSlice",
+        namespaced=False,
+        field_labels=("metadata.name", "spec.nodeName", "spec.driver"),
+        generation=True,
+    )
+    return claims, slices
+
+
+DRA_TYPES = {v: _dra_types(v) for v in DRA_VERSIONS}
+RESOURCE_CLAIMS, RESOURCE_SLICES = DRA_TYPES[DRA_VERSION]
+CORE_TYPES = (PODS, NODES, NODE_FEATURES)
+RESOURCE_TYPES = (*CORE_TYPES, RESOURCE_CLAIMS, RESOURCE_SLICES)  # a default server's
 _BY_PLURAL = {rt.plural: rt for rt in RESOURCE_TYPES}
 
 
@@ -400,6 +418,35 @@ def dra_gpu(
     }
 
 
+def dra_dynamic_mig(
+    parent_minor: int,
+    parent_uuid: str | None,
+    *,
+    profile: str = "1g.10gb",
+    profile_id: int = 19,
+    start: int = 0,
+    size: int = 1,
+    counter_set: str | None = None,
+) -> Obj:
+    """A MIG device as NVIDIA's driver publishes it with DynamicMIG: a partition that exists
+    only once a claim is prepared, so no `uuid` attribute; `parentUUID` (None leaves it out,
+    as a driver that does not publish it), and the parent GPU's counter set it consumes from
+    (`counter_set`, partitionable devices; None for none)."""
+    attributes: Obj = {"type": {"string": "mig"}, "profile": {"string": profile}}
+    if parent_uuid is not None:
+        attributes["parentUUID"] = {"string": parent_uuid}
+    device: Obj = {
+        "name": f"gpu-{parent_minor}-mig-{profile_id}-{start}-{size}",
+        "attributes": attributes,
+        "capacity": {"memory": {"value": "10Gi"}},
+    }
+    if counter_set is not None:
+        device["consumesCounters"] = [
+            {"counterSet": counter_set, "counters": {"memory": {"value": "10Gi"}}}
+        ]
+    return device
+
+
 def dra_mig(
     parent_minor: int,
     parent_uuid: str,
@@ -433,11 +480,12 @@ def resource_slice(
     driver: str = NVIDIA_GPU_DRIVER,
     pool: str | None = None,
     name: str | None = None,
+    version: str = DRA_VERSION,
 ) -> Obj:
     """A ResourceSlice of one node's pool (a kubelet plugin's: `spec.nodeName` set, the pool
-    named after the node, one slice in it)."""
+    named after the node, one slice in it), in `version`'s shape (devices are given in v1's)."""
     pool_name = node_name if pool is None else pool
-    return {
+    obj = {
         "apiVersion": f"{DRA_GROUP}/{DRA_VERSION}",
         "kind": "ResourceSlice",
         "metadata": {"name": name or f"{node_name}-{driver}-{pool_name}"},
@@ -448,6 +496,7 @@ def resource_slice(
             "devices": [dict(d) for d in devices],
         },
     }
+    return dra_view(obj, version)
 
 
 def resource_claim(
@@ -459,10 +508,14 @@ def resource_claim(
     reserved_for: Iterable[tuple[str, str]] = (),
     node_name: str = "",
     uid: str | None = None,
+    admin_access: bool = False,
+    version: str = DRA_VERSION,
 ) -> Obj:
     """A ResourceClaim; with `results` ((request, pool, device) for NVIDIA's driver, or
     (request, driver, pool, device)) it is allocated (`status.allocation`, on `node_name`),
-    and `reserved_for` lists the (pod name, pod uid) that may use it."""
+    and `reserved_for` lists the (pod name, pod uid) that may use it. `admin_access`: every
+    request asks for admin access (a monitoring claim), which the allocator copies into each
+    result. In `version`'s shape."""
     metadata: Obj = {"name": name, "namespace": namespace}
     if uid:
         metadata["uid"] = uid
@@ -473,18 +526,25 @@ def resource_claim(
         "spec": {
             "devices": {
                 "requests": [
-                    {"name": r, "exactly": {"deviceClassName": NVIDIA_GPU_DRIVER}} for r in requests
+                    {
+                        "name": r,
+                        "exactly": {"deviceClassName": NVIDIA_GPU_DRIVER}
+                        | ({"adminAccess": True} if admin_access else {}),
+                    }
+                    for r in requests
                 ]
             }
         },
     }
     status: Obj = {}
-    allocated = []
+    allocated: list[Obj] = []
     for result in results:
         request, driver, pool, device = (
             (result[0], NVIDIA_GPU_DRIVER, result[1], result[2]) if len(result) == 3 else result
         )
         allocated.append({"request": request, "driver": driver, "pool": pool, "device": device})
+        if admin_access:
+            allocated[-1]["adminAccess"] = True
     if allocated:
         status["allocation"] = {"devices": {"results": allocated}}
         if node_name:
@@ -502,7 +562,104 @@ def resource_claim(
         status["reservedFor"] = reserved
     if status:
         claim["status"] = status
-    return claim
+    return dra_view(claim, version)
+
+
+# --- DRA versions: the stored (v1) shape and each served version's ---------------------------
+
+
+def _v1beta1_request(request: Obj) -> Obj:
+    """v1 `{name, exactly: {...}, firstAvailable}` -> v1beta1 `{name, ..., firstAvailable}`."""
+    out = {k: v for k, v in request.items() if k != "exactly"}
+    out.update(request.get("exactly") or {})
+    return out
+
+
+def _v1_request(request: Obj) -> Obj:
+    """v1beta1's inline request -> v1's: what is not the name or the subrequests goes under
+    `exactly` (a request has one or the other). An `exactly` sent to v1beta1 is an unknown
+    field there, dropped as the API server drops unknown fields."""
+    own = {k: v for k, v in request.items() if k in ("name", "firstAvailable")}
+    exact = {k: v for k, v in request.items() if k not in ("name", "firstAvailable", "exactly")}
+    return own | ({"exactly": exact} if exact else {})
+
+
+def _v1_only_request(request: Obj) -> Obj:
+    """What v1 (and v1beta2) keep of a request: v1beta1's inline fields are unknown there."""
+    return {k: v for k, v in request.items() if k in ("name", "exactly", "firstAvailable")}
+
+
+def _v1beta1_device(device: Obj) -> Obj:
+    return {"name": device.get("name"), "basic": {k: v for k, v in device.items() if k != "name"}}
+
+
+def _v1_device(device: Obj) -> Obj:
+    """v1beta1's device -> v1's; attributes beside `basic` are unknown to v1beta1: dropped."""
+    return {"name": device.get("name"), **(device.get("basic") or {})}
+
+
+def _v1_only_device(device: Obj) -> Obj:
+    return {k: v for k, v in device.items() if k != "basic"}  # unknown to v1 and v1beta2
+
+
+def _reshape(
+    obj: Obj, kind: str, request: Callable[[Obj], Obj], device: Callable[[Obj], Obj]
+) -> Obj:
+    out = copy.deepcopy(obj)
+    spec = out.get("spec")
+    kind = out.get("kind") or kind
+    if not isinstance(spec, dict):
+        return out
+    if kind == "ResourceSlice" and isinstance(spec.get("devices"), list):
+        spec["devices"] = [device(d) if isinstance(d, dict) else d for d in spec["devices"]]
+    requests = _path(spec, "devices.requests")
+    if kind == "ResourceClaim" and isinstance(requests, list):
+        spec["devices"]["requests"] = [request(r) if isinstance(r, dict) else r for r in requests]
+    return out
+
+
+def dra_view(obj: Obj, version: str, kind: str = "") -> Obj:
+    """A DRA object of the stored (v1) shape as `version` shows it. v1beta2's claims and
+    slices have v1's shape (for the fields modelled here)."""
+    if version == "v1beta1":
+        obj = _reshape(obj, kind, _v1beta1_request, _v1beta1_device)
+    else:
+        obj = copy.deepcopy(obj)
+    obj["apiVersion"] = f"{DRA_GROUP}/{version}"
+    return obj
+
+
+def dra_stored(obj: Obj, version: str, kind: str = "") -> Obj:
+    """A DRA object written in `version` in the stored (v1) shape."""
+    if version == "v1beta1":
+        obj = _reshape(obj, kind, _v1_request, _v1_device)
+    else:
+        obj = _reshape(obj, kind, _v1_only_request, _v1_only_device)
+    if "apiVersion" in obj:
+        obj["apiVersion"] = f"{DRA_GROUP}/{DRA_VERSION}"
+    return obj
+
+
+def _is_dra(rt: ResourceType) -> bool:
+    return rt.group == DRA_GROUP
+
+
+def _inbound(rt: ResourceType, obj: Obj) -> Obj:
+    """An object written through `rt`'s version, as stored."""
+    return dra_stored(obj, rt.version, rt.kind) if _is_dra(rt) else obj
+
+
+def _outbound(rt: ResourceType, answer: Obj) -> Obj:
+    """A stored object (or a list of them) as `rt`'s version shows it; a Status unchanged."""
+    if not _is_dra(rt) or answer.get("kind") == "Status":
+        return answer
+    if isinstance(answer.get("items"), list):
+        items = [
+            {k: v for k, v in dra_view(i, rt.version, rt.kind).items() if k in i}
+            for i in answer["items"]
+        ]
+        return {**answer, "items": items}
+    return dra_view(answer, rt.version, rt.kind)
 
 
 # --- errors -----------------------------------------------------------------------------------
@@ -1294,7 +1451,16 @@ class KubeApiServer:
         max_watch_seconds: float | None = None,
         initial_resource_version: int = 100,
         clock: Callable[[], float] = time.time,
+        dra_versions: Iterable[str] = (DRA_VERSION,),
     ) -> None:
+        versions = tuple(dra_versions)
+        unknown = sorted(set(versions) - set(DRA_VERSIONS))
+        if unknown:
+            raise ValueError(f"resource.k8s.io versions not modelled: {unknown}")
+        self.dra_versions = tuple(v for v in DRA_VERSIONS if v in versions)  # by priority
+        self._types = (*CORE_TYPES, *(t for v in self.dra_versions for t in DRA_TYPES[v]))
+        self._by_path = {(rt.group, rt.version, rt.plural): rt for rt in self._types}
+        self._by_kind = {(rt.api_version, rt.kind): rt for rt in self._types}
         self.port = port
         self.token = token
         self.history_limit = history_limit
@@ -1533,10 +1699,11 @@ class KubeApiServer:
             return self._rv
 
     def create(self, obj: Obj) -> Obj:
-        """Store a new object as a controller would create it; uid, if set, is kept."""
+        """Store a new object as a controller would create it, in a version this server
+        serves; uid, if set, is kept. Answers the stored shape."""
         rt = self._type_of(obj)
         with self._lock:
-            return self._create(rt, copy.deepcopy(obj), keep_uid=True)
+            return self._create(rt, _inbound(rt, copy.deepcopy(obj)), keep_uid=True)
 
     def get(self, resource: str, namespace: str | None, name: str) -> Obj | None:
         rt = _resource_type(resource)
@@ -1663,10 +1830,9 @@ class KubeApiServer:
 
     # the store (callers hold self._lock)
 
-    @staticmethod
-    def _type_of(obj: Obj) -> ResourceType:
+    def _type_of(self, obj: Obj) -> ResourceType:
         try:
-            return _BY_KIND[(obj["apiVersion"], obj["kind"])]
+            return self._by_kind[(obj["apiVersion"], obj["kind"])]
         except KeyError:
             raise ValueError(f"not served: {obj.get('apiVersion')} {obj.get('kind')}") from None
 
@@ -1855,8 +2021,7 @@ class KubeApiServer:
             return {"POST": "create", "DELETE": "deletecollection"}.get(method, "other")
         return {"PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(method, "other")
 
-    @staticmethod
-    def _route(path: str) -> _Route | None:
+    def _route(self, path: str) -> _Route | None:
         parts = [p for p in path.split("/") if p]
         if parts[:2] == ["api", "v1"]:
             group, version, rest = "", "v1", parts[2:]
@@ -1874,7 +2039,7 @@ class KubeApiServer:
             namespace, rest = rest[1], rest[2:]
         if not rest or len(rest) > 3:
             raise _no_such_resource()
-        rt = _BY_PATH.get((group, version, rest[0]))
+        rt = self._by_path.get((group, version, rest[0]))
         if rt is None or (namespace is not None and not rt.namespaced):
             raise _no_such_resource()
         name = rest[1] if len(rest) > 1 else None
@@ -1906,8 +2071,8 @@ class KubeApiServer:
 
     def _serve_discovery(self, h: _Handler, path: str, record: KubeRequest) -> None:
         path = "/" + path.strip("/")
-        core = [rt for rt in RESOURCE_TYPES if not rt.group]
-        groups = sorted({rt.group for rt in RESOURCE_TYPES if rt.group})
+        core = [rt for rt in self._types if not rt.group]
+        groups = sorted({rt.group for rt in self._types if rt.group})
         answer: Obj
         if path in ("/healthz", "/livez", "/readyz"):
             record.code = 200
@@ -1934,13 +2099,13 @@ class KubeApiServer:
             answer = {
                 "kind": "APIGroupList",
                 "apiVersion": "v1",
-                "groups": [_api_group(g) for g in groups],
+                "groups": [_api_group(g, self._types) for g in groups],
             }
         elif path.startswith("/apis/") and path.count("/") == 2 and path[6:] in groups:
-            answer = {"kind": "APIGroup", "apiVersion": "v1", **_api_group(path[6:])}
+            answer = {"kind": "APIGroup", "apiVersion": "v1", **_api_group(path[6:], self._types)}
         elif path.startswith("/apis/") and path.count("/") == 3:
             group, version = path.split("/")[2:4]
-            served = [rt for rt in RESOURCE_TYPES if (rt.group, rt.version) == (group, version)]
+            served = [rt for rt in self._types if (rt.group, rt.version) == (group, version)]
             if not served:
                 raise _no_such_resource()
             answer = {
@@ -1963,6 +2128,18 @@ class KubeApiServer:
         content_type: str | None,
         raw: bytes,
     ) -> tuple[int, Obj]:
+        """The answer in the route's version (DRA objects are stored in v1's shape)."""
+        code, answer = self._dispatch_stored(method, route, query, content_type, raw)
+        return code, _outbound(route.rt, answer)
+
+    def _dispatch_stored(
+        self,
+        method: str,
+        route: _Route,
+        query: Mapping[str, str],
+        content_type: str | None,
+        raw: bytes,
+    ) -> tuple[int, Obj]:
         rt = route.rt
         dry_run = query.get("dryRun") == "All"
         if method == "GET":
@@ -1973,7 +2150,7 @@ class KubeApiServer:
         if method == "POST" and route.name is None:
             if rt.namespaced and route.namespace is None:
                 raise _method_not_allowed()
-            obj = _decode_object(rt, raw)
+            obj = _inbound(rt, _decode_object(rt, raw))
             with self._lock:
                 return 201, self._rest_create(rt, route.namespace, obj, dry_run)
         if method == "DELETE" and route.name is None:
@@ -1986,7 +2163,7 @@ class KubeApiServer:
             with self._lock:
                 return self._rest_delete(rt, route.namespace, route.name or "", options, dry_run)
         if method == "PUT" and route.name is not None:
-            obj = _decode_object(rt, raw)
+            obj = _inbound(rt, _decode_object(rt, raw))
             with self._lock:
                 return 200, self._rest_update(route, obj, dry_run)
         if method == "PATCH" and route.name is not None:
@@ -2217,9 +2394,12 @@ class KubeApiServer:
         except ValueError as err:
             raise bad_request(f"error decoding patch: {err}") from None
         current = self._get_stored(rt, route.namespace, name)
-        patched = self._apply_patch(patch_type, current, patch)
+        # A patch applies to the object as the route's version shows it.
+        patched = self._apply_patch(patch_type, _outbound(rt, copy.deepcopy(current)), patch)
         if not isinstance(patched, dict):
             patched = {}
+        elif "metadata" in patched:
+            patched = _inbound(rt, patched)
         self._check_patched(patched, name)
         self._check_preconditions(rt, name, current, patched["metadata"])
         return self._store_update(route, current, patched, dry_run)
@@ -2327,7 +2507,7 @@ class KubeApiServer:
                 h.wfile.write(b"0\r\n\r\n")
                 return
             for obj in initial:
-                _write_event(h, "ADDED", obj)
+                _write_event(h, "ADDED", _outbound(rt, obj))
             if initial_end:
                 marker = _bookmark(rt, cursor, {"k8s.io/initial-events-end": "true"})
                 _write_event(h, "BOOKMARK", marker)
@@ -2484,7 +2664,12 @@ def _bookmark(rt: ResourceType, rv: int, annotations: Mapping[str, str] | None =
 def _convert(selection: Selection, event: _Event) -> tuple[str, Obj]:
     """What a watch under `selection` sees of one event ("" for nothing): objects moving into
     the selection are ADDED, objects moving out DELETED with their previous content."""
-    if event.rt is not selection.rt:
+    kind, obj = _convert_stored(selection, event)
+    return kind, _outbound(selection.rt, obj) if kind and kind != "ERROR" else obj
+
+
+def _convert_stored(selection: Selection, event: _Event) -> tuple[str, Obj]:
+    if event.rt.group_resource != selection.rt.group_resource:  # a version's watch sees all
         return "", {}
     now = selection.matches(event.obj)
     before = event.old is not None and selection.matches(event.old)
@@ -2546,9 +2731,21 @@ def _api_resources(rt: ResourceType) -> list[Obj]:
     return resources
 
 
-def _api_group(group: str) -> Obj:
+def _version_priority(version: str) -> tuple[int, int, int]:
+    """Kubernetes' order of versions: GA before beta before alpha, higher numbers first
+    (apimachinery's version.CompareKubeAwareVersionStrings)."""
+    match = re.fullmatch(r"v(\d+)(?:(alpha|beta)(\d+))?", version)
+    if match is None:
+        return (3, 0, 0)
+    major, stage, minor = match.groups()
+    rank = {None: 0, "beta": 1, "alpha": 2}[stage]
+    return (rank, -int(major), -int(minor or 0))
+
+
+def _api_group(group: str, types: Iterable[ResourceType]) -> Obj:
+    served = {rt.version for rt in types if rt.group == group}
     versions = [
         {"groupVersion": f"{group}/{v}", "version": v}
-        for v in sorted({rt.version for rt in RESOURCE_TYPES if rt.group == group})
+        for v in sorted(served, key=_version_priority)
     ]
     return {"name": group, "versions": versions, "preferredVersion": versions[0]}

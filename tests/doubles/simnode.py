@@ -337,7 +337,9 @@ class SimNode:
         *,
         manage_devices: bool = True,
         ready_timeout: float = 10.0,
+        dra_versions: tuple[str, ...] = ("v1",),
     ) -> None:
+        """`dra_versions`: the resource.k8s.io versions its API server serves (the double's)."""
         if os.geteuid() != 0:
             raise PermissionError("SimNode creates cgroups: it needs root")
         self.fake = fake
@@ -367,7 +369,7 @@ class SimNode:
         self._nvml: dict[int, dict[int, tuple[int, float, float]]] = {}  # gpu -> pid -> usage
         self._hosts: dict[int, tuple[_Worker, tuple[int, ...], Path]] = {}  # pid -> ...
         self._closed = False
-        self.api = KubeApiServer()
+        self.api = KubeApiServer(dra_versions=dra_versions)
         self.kubelet = KubeletServer()
         try:
             self.api.start()

@@ -14,14 +14,21 @@ from tests.doubles.simnode import SimNode
 
 @pytest.fixture
 def sim_node(fake_lib: Path, tmp_path: Path) -> Iterator[Callable[..., SimNode]]:
-    """`sim_node(node_name="sim-node-1", *, now=None)`: a SimNode (tests/doubles/simnode.py)
-    on a fresh `dgx-h100` fake NVML (`node.fake`; frozen at `now`, else on real time), closed
+    """`sim_node(node_name="sim-node-1", *, now=None, dra_versions=("v1",))`: a SimNode
+    (tests/doubles/simnode.py) on a fresh `dgx-h100` fake NVML (`node.fake`; frozen at `now`,
+    else on real time), its API server serving `dra_versions` of resource.k8s.io, closed
     at teardown. Needs root (cgroups): mark the test `root`. Request it after
     `agent_process`, so that the node goes before the agents are stopped."""
     with contextlib.ExitStack() as nodes:
 
-        def start(node_name: str = "sim-node-1", *, now: float | None = None) -> SimNode:
+        def start(
+            node_name: str = "sim-node-1",
+            *,
+            now: float | None = None,
+            dra_versions: tuple[str, ...] = ("v1",),
+        ) -> SimNode:
             fake = FakeNvml("dgx-h100", tmp_path / f"{node_name}.state", now=now)
-            return nodes.enter_context(SimNode(fake, tmp_path / node_name, node_name))
+            node = SimNode(fake, tmp_path / node_name, node_name, dra_versions=dra_versions)
+            return nodes.enter_context(node)
 
         yield start

@@ -397,8 +397,17 @@ def test_deleted_pod_series_disappear_after_the_next_poll(node) -> None:
     assert m.series("gpuscope_pod_info", pod="eval-nightly-x7k2p") == {}
     assert m.series("gpuscope_gpu_allocation_info", gpu="4") == {}
     assert m.value("gpuscope_gpu_allocated", gpu="4") == 0
-    # The workload's idle counter stays (for increase()) until its retention runs out.
+    # The workload's idle counter stays (for increase()) until --workload-prune-grace runs
+    # out (300 s by default), and then goes with its causes; the others stay.
     assert m.series("gpuscope_workload_gpu_idle_seconds_total", workload="eval-nightly")
+    n.env.advance(290, step=10)
+    assert n.scrape().series("gpuscope_workload_gpu_idle_seconds_total", workload="eval-nightly")
+    n.env.advance(20, step=10)
+    gone = n.scrape()
+    for family in ("gpuscope_workload_gpu_idle_seconds_total",
+                   "gpuscope_workload_gpu_idle_cause_seconds_total"):  # fmt: skip
+        assert gone.series(family, workload="eval-nightly") == {}
+        assert gone.series(family, workload="llama-ft")
 
 
 HOSTILE = 'job "quoted" \\ back\nslash ünïcødé ' + "x" * 300

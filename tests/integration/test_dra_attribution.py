@@ -148,34 +148,107 @@ def test_an_api_outage_keeps_the_last_allocations_and_says_so(
     settled(source, lambda s: bool(s.allocations), "recovery")
 
 
-def test_an_api_server_without_resource_k8s_io_v1_is_one_clear_line(
-    api: KubeApiServer, source: DraSource, caplog: pytest.LogCaptureFixture
+def test_an_api_server_without_dra_is_one_clear_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Kubernetes before 1.34 serves no resource.k8s.io/v1: what it answers is a 404."""
+    """Kubernetes before 1.32 (or with DRA off) serves no version of resource.k8s.io: its
+    discovery has no such group, and the collector says so in one line, once."""
     caplog.set_level(logging.WARNING, logger="gpuscope.k8s.listwatch")
-    api.fail_next(
-        1000, 404, path="/apis/resource.k8s.io/v1/resourceslices",
-        message="the server could not find the requested resource",
-    )  # fmt: skip
-    source.start()
-    failures: list[str] = []
+    with KubeApiServer(dra_versions=()) as api:
+        kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
+        source = DraSource(
+            lambda: make_client(kubeconfig), NODE, backoff_first=0.05, backoff_max=0.2
+        )
+        failures: list[str] = []
 
-    def failed() -> bool:
+        def failed() -> bool:
+            try:
+                source.collect()
+            except SourceUnavailable as exc:
+                failures.append(str(exc))
+                return "resource.k8s.io/v1beta1" in failures[-1]
+            return False
+
+        def discoveries() -> int:
+            return len([r for r in api.requests if r.path == "/apis/resource.k8s.io"])
+
         try:
-            source.collect()
-        except SourceUnavailable as exc:
-            failures.append(str(exc))
-            return "resourceslices" in failures[-1] and source.slices.lists == 0
-        return False
+            source.start()
+            wait_for(failed, timeout=10, what="the failure reported")
+            wait_for(lambda: discoveries() >= 6, what="retries")
+        finally:
+            source.stop()
+        assert failures[-1] == (
+            "Kubernetes API: no list of resourceclaims.resource.k8s.io yet: the API server "
+            "serves none of resource.k8s.io/v1, resource.k8s.io/v1beta2, resource.k8s.io/v1beta1"
+        )
+        assert source.claims.lists == source.slices.lists == 0
+        # Nothing asked of a version not served.
+        assert not api.calls("list", "resourceslices") and not api.calls("list", "resourceclaims")
+    logged = [r.getMessage() for r in caplog.records if "resource.k8s.io" in r.getMessage()]
+    assert sorted(logged) == [  # once each, not once per retry
+        "watching resourceclaims.resource.k8s.io: the API server serves none of "
+        "resource.k8s.io/v1, resource.k8s.io/v1beta2, resource.k8s.io/v1beta1",
+        f"watching resourceslices.resource.k8s.io of node {NODE}: the API server serves none "
+        "of resource.k8s.io/v1, resource.k8s.io/v1beta2, resource.k8s.io/v1beta1",
+    ]
 
-    wait_for(failed, timeout=10, what="the slices' failure reported")
-    wait_for(lambda: len(api.calls("list", "resourceslices")) >= 3, what="retries")
-    assert failures[-1] == (
-        "Kubernetes API: no list of resourceslices.resource.k8s.io/v1 of node gpu-node-1 yet: "
-        "the API server does not serve this resource (404)"
-    )
-    logged = [r.getMessage() for r in caplog.records if "resourceslices" in r.getMessage()]
-    assert len(logged) == 1, logged  # once, not once per retry
+
+@pytest.mark.parametrize("versions", [("v1beta1",), ("v1beta2", "v1beta1")])
+def test_a_kubernetes_1_32_or_1_33_api_server_is_read_in_its_newest_beta(
+    versions: tuple[str, ...], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """NVIDIA's driver runs from Kubernetes 1.32 (v1beta1 only) and 1.33 (v1beta2 and
+    v1beta1): the source lists and watches the newest version discovery offers, in its
+    shapes, the admin-access claim of a monitoring pod left out."""
+    caplog.set_level(logging.INFO, logger="gpuscope.k8s.listwatch")
+    newest = versions[0]
+    with KubeApiServer(dra_versions=versions) as api:
+        api.create(
+            resource_slice(NODE, [dra_gpu(i, UUIDS[i]) for i in range(4)], version="v1beta1")
+        )
+        for name, uid in (("a", "ua"), ("monitor", "um")):
+            api.create(
+                pod("ml", name, NODE, uid=uid, containers=[claim_container("main", "g")],
+                    resource_claims=[pod_claim("g", claim=f"{name}-gpu")])
+            )  # fmt: skip
+        api.create(
+            resource_claim("ml", "a-gpu", results=[("gpu", NODE, "gpu-1")],
+                           reserved_for=[("a", "ua")], node_name=NODE, version="v1beta1")
+        )  # fmt: skip
+        api.create(
+            resource_claim("ml", "monitor-gpu", results=[("gpu", NODE, "gpu-1")],
+                           reserved_for=[("monitor", "um")], node_name=NODE,
+                           admin_access=True, version="v1beta1")
+        )  # fmt: skip
+        kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
+        source = DraSource(
+            lambda: make_client(kubeconfig), NODE, backoff_first=0.05, backoff_max=0.2
+        )
+        try:
+            source.start()
+            snap = settled(source, lambda s: bool(s.allocations), "the first allocation")
+            assert holders(snap) == {("a", "main", UUIDS[1])}
+            # Watched in that version: the claim moves to another GPU.
+            api.modify(
+                "resourceclaims", "ml", "a-gpu",
+                lambda c: c["status"]["allocation"]["devices"]["results"][0].update(device="gpu-3"),
+            )  # fmt: skip
+            snap = settled(source, lambda s: holders(s) == {("a", "main", UUIDS[3])}, "the move")
+        finally:
+            source.stop()
+        for resource in ("resourceslices", "resourceclaims"):
+            paths = {c.path.split("/")[3] for c in api.calls(None, resource)}
+            assert paths == {newest}, (resource, paths)
+    assert snap.unresolved == ()
+    said = [r.getMessage() for r in caplog.records if " in resource.k8s.io/" in r.getMessage()]
+    skipped = "resource.k8s.io/v1" + (", resource.k8s.io/v1beta2" if newest == "v1beta1" else "")
+    assert sorted(said) == [  # once each
+        f"watching resourceclaims.resource.k8s.io in resource.k8s.io/{newest} "
+        f"(the API server serves no {skipped})",
+        f"watching resourceslices.resource.k8s.io of node {NODE} in resource.k8s.io/{newest} "
+        f"(the API server serves no {skipped})",
+    ]
 
 
 def dra_pod(

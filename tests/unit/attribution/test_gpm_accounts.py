@@ -121,7 +121,7 @@ def test_unknown_per_process_utilization_splits_a_shared_gpu_equally() -> None:
 
 
 def test_low_activity_is_weighted_by_the_mig_share_and_kept_for_the_retention() -> None:
-    acc = LowActivityAccountant(0.5, 0.1, retention=60.0)
+    acc = LowActivityAccountant(0.5, 0.1, grace=60.0)
     holders = {"MIG-a": [holding("srv", "MIG-a")]}
     acc.evaluate([ActivityInput("MIG-a", 0.0, 0.0, 3 / 7)], holders, monotonic=0.0)
     acc.evaluate([ActivityInput("MIG-a", 70.0, 1.0, 3 / 7)], holders, monotonic=70.0)

@@ -7,10 +7,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import pytest
+
 from gpuscope.agent.k8s import dra
 from gpuscope.agent.k8s.dra_records import DEFAULT_DRA_DRIVERS, DraAllocation, DraSnapshot
 from tests.doubles.kube_apiserver import (
     claim_container,
+    dra_dynamic_mig,
     dra_gpu,
     dra_mig,
     pod,
@@ -211,3 +214,82 @@ def test_a_claim_allocated_on_another_node_is_not_kept() -> None:
     term = labelled["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"][0]
     term["matchExpressions"] = [{"key": "pool", "operator": "In", "values": ["a"]}]
     assert dra.parse_claim(labelled, DEFAULT_DRA_DRIVERS, NODE)[1] is not None  # not read: kept
+
+
+def test_a_claim_for_admin_access_is_no_allocation() -> None:
+    """A monitoring pod's admin-access claim on a GPU another pod holds: not a second holder."""
+    train = gpu_pod("train", "ut", claim_container("main", "g"), g={"claim": "train-gpu"})
+    monitor = gpu_pod("monitor", "um", claim_container("agent", "g"), g={"claim": "watch-gpu"})
+    claims = [
+        resource_claim("ml", "train-gpu", results=[("gpu", NODE, "gpu-0")],
+                       reserved_for=[("train", "ut")]),
+        resource_claim("ml", "watch-gpu", results=[("gpu", NODE, "gpu-0")],
+                       reserved_for=[("monitor", "um")], admin_access=True),
+    ]  # fmt: skip
+    snap = snapshot([train, monitor], claims)
+    assert held(snap) == {("train", "main", GPU0)}
+    assert snap.unresolved == ()
+    # A result written without the flag still counts as admin access when its request asks.
+    written = claims[1]
+    written["status"]["allocation"]["devices"]["results"][0].pop("adminAccess")
+    assert held(snapshot([train, monitor], claims)) == {("train", "main", GPU0)}
+
+
+@pytest.mark.parametrize("version", ["v1beta1", "v1beta2", "v1"])
+def test_every_served_version_of_the_objects_reads_the_same(version: str) -> None:
+    """Kubernetes 1.32 serves v1beta1 (a slice device's attributes under `basic`, a claim
+    request's fields inline), 1.33 v1beta2, 1.34 v1: one allocation from each."""
+    slices = [resource_slice(NODE, [dra_gpu(0, GPU0), dra_mig(6, GPU6, MIG6)], version=version)]
+    p = gpu_pod("train", "u1", claim_container("main", "g"), g={"claim": "c"})
+    both = [("gpu", NODE, "gpu-0"), ("gpu", NODE, "gpu-6-mig-19-0-1")]
+    mine = [("train", "u1")]
+    claims = [
+        resource_claim("ml", "c", results=both, reserved_for=mine, node_name=NODE,
+                       version=version),
+        resource_claim("ml", "admin", results=both[:1], reserved_for=mine, admin_access=True,
+                       version=version),
+    ]  # fmt: skip
+    if version == "v1beta1":
+        assert "basic" in slices[0]["spec"]["devices"][0]
+        assert "exactly" not in claims[1]["spec"]["devices"]["requests"][0]
+    snap = snapshot([p], claims, slices)
+    assert held(snap) == {("train", "main", GPU0), ("train", "main", MIG6)}
+    assert snap.unresolved == ()
+
+
+def _dynamic(device: dict[str, Any]) -> DraSnapshot:
+    """A pod given `device` (published beside the whole GPU gpu-6, which has its uuid and
+    the counter set gpu-6-counters) through a claim."""
+    whole = dra_gpu(6, GPU6)
+    whole["consumesCounters"] = [{"counterSet": "gpu-6-counters", "counters": {}}]
+    slices = [resource_slice(NODE, [whole, device])]
+    p = gpu_pod("mig-0", "u3", claim_container("main", "m"), m={"claim": "dyn"})
+    c = resource_claim(
+        "ml", "dyn", requests=["mig"], results=[("mig", NODE, device["name"])],
+        reserved_for=[("mig-0", "u3")],
+    )  # fmt: skip
+    return snapshot([p], [c], slices)
+
+
+@pytest.mark.parametrize(
+    "device",
+    [
+        dra_dynamic_mig(6, GPU6),  # the driver publishes parentUUID
+        dra_dynamic_mig(9, None, counter_set="gpu-6-counters"),  # its placement: the counter set
+        dra_dynamic_mig(6, None),  # its name: gpu-6-mig-... is a partition of gpu-6
+    ],
+    ids=["parentUUID", "counter-set", "name"],
+)
+def test_a_dynamic_mig_device_without_a_uuid_counts_for_its_gpu(device: dict[str, Any]) -> None:
+    snap = _dynamic(device)
+    (allocation,) = snap.allocations
+    assert (allocation.device_uuid, allocation.device_type) == ("", "mig")
+    assert allocation.parent_uuid == GPU6
+    assert snap.unresolved == ()
+
+
+def test_a_device_without_a_uuid_on_no_gpu_published_is_said_once() -> None:
+    snap = _dynamic(dra_dynamic_mig(7, None, counter_set="gpu-7-counters"))
+    assert snap.allocations == ()
+    (line,) = snap.unresolved
+    assert "gpu-7-mig-19-0-1" in line and "no uuid attribute" in line and "parentUUID" in line
