@@ -317,6 +317,16 @@ def _build(path: Path, top: dict[str, Any]) -> WebConfig:
 
 
 def _tls_context(base: Path, section: dict[str, Any]) -> ssl.SSLContext | None:
+    """The server's SSLContext, or None for plain HTTP. Each step turns its own errors into
+    a line naming its key; an ssl or OS error from any other step (one this OpenSSL build
+    refuses) becomes one line too, never an uncaught traceback at start or in the reloader."""
+    try:
+        return _new_tls_context(base, section)
+    except (ssl.SSLError, OSError, ValueError) as exc:
+        raise _Bad(f"tls_server_config: {_ssl_reason(exc)}") from None
+
+
+def _new_tls_context(base: Path, section: dict[str, Any]) -> ssl.SSLContext | None:
     where = "tls_server_config"
     get = {k: _string(section, where, k) for k in ("cert", "key")}
     files = {k: _string(section, where, k) for k in ("cert_file", "key_file", "client_ca_file")}
@@ -470,8 +480,10 @@ def _curve(context: ssl.SSLContext, section: dict[str, Any]) -> None:
 
 
 def _ssl_reason(exc: BaseException) -> str:
-    if isinstance(exc, ssl.SSLError) and exc.reason:
-        return str(exc.reason).replace("_", " ").lower()
+    # OpenSSL's errors carry `reason`; one raised by Python code (or an older build) may not.
+    reason = getattr(exc, "reason", None) if isinstance(exc, ssl.SSLError) else None
+    if reason:
+        return str(reason).replace("_", " ").lower()
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror
     return _one_line(exc)

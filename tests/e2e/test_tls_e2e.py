@@ -212,28 +212,50 @@ def test_a_bad_web_config_file_stops_the_agent_with_one_line_and_exit_2(
     assert message in lines[0]
 
 
-@pytest.mark.parametrize("bad", ["x25519", "fifo"])
-def test_a_curve_this_python_cannot_set_and_a_fifo_stop_the_agent_with_one_line_and_exit_2(
-    tmp_path: Path, bad: str
+def tls_section(pki: Pki, **extra: Any) -> dict[str, Any]:
+    return {
+        "tls_server_config": {
+            "cert_file": str(pki.server),
+            "key_file": str(pki.server_key),
+            **extra,
+        }
+    }
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ("X25519", "curve_preferences: X25519 cannot be set alone"),
+        ("X25519MLKEM768", "curve_preferences: unknown curve 'X25519MLKEM768'"),
+        ("CurveP256,CurveP384", "curve_preferences: gpuscope can use only one curve"),
+        ("fifo", "cannot read {path}: not a regular file"),
+        ("folder", "cannot read {path}: not a regular file"),
+        ("fifo cert_file", "cert_file: cannot read {pki}/fifo.pem: not a regular file"),
+        ("fifo client_ca_file", "client_ca_file: no CA certificate loaded: cannot read"),
+    ],
+)
+def test_what_cannot_be_served_as_asked_stops_the_agent_with_one_line_and_exit_2(
+    tmp_path: Path, bad: str, message: str
 ) -> None:
-    """node_exporter's `curve_preferences: [X25519]` copied over, or a FIFO at the path
-    (which once blocked the start in open() for ever): exit 2 and one line, never a
-    traceback or a hang."""
+    """node_exporter's `curve_preferences: [X25519]` copied over (once an uncaught SSLError
+    and a CrashLoopBackOff), the other curve lists this server cannot honour, and a FIFO or
+    a folder at the file's path or a path it names (a FIFO once blocked the start in open()
+    for ever): exit 2 and one line, at once, never a traceback or a hang."""
     path = tmp_path / "web.yml"
+    pki = make_pki(tmp_path / "pki")
     if bad == "fifo":
         os.mkfifo(path)
-    else:
-        pki = make_pki(tmp_path / "pki")
-        write_web_config(
-            path,
-            {
-                "tls_server_config": {
-                    "cert_file": str(pki.server),
-                    "key_file": str(pki.server_key),
-                    "curve_preferences": ["X25519"],
-                }
-            },
+    elif bad == "folder":
+        path.mkdir()
+    elif bad.startswith("fifo "):
+        os.mkfifo(pki.folder / "fifo.pem")
+        key = bad.split()[1]
+        extra = (
+            {"client_auth_type": "RequireAndVerifyClientCert"} if key == "client_ca_file" else {}
         )
+        write_web_config(path, tls_section(pki, **extra, **{key: str(pki.folder / "fifo.pem")}))
+    else:
+        write_web_config(path, tls_section(pki, curve_preferences=bad.split(",")))
     done = subprocess.run(
         [*GPUSCOPE, "--web-config-file", str(path)],
         cwd=REPO,
@@ -245,9 +267,39 @@ def test_a_curve_this_python_cannot_set_and_a_fifo_stop_the_agent_with_one_line_
     assert done.returncode == 2, done
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
-    assert lines[0].startswith(
-        f"gpuscope: --web-config-file: {path}"
-        if bad == "x25519"
-        else "gpuscope: --web-config-file: cannot read"
-    ), lines
-    assert ("X25519 cannot be set alone" if bad == "x25519" else "not a regular file") in lines[0]
+    assert lines[0].startswith("gpuscope: --web-config-file: "), lines
+    assert str(path) in lines[0]
+    assert message.format(path=path, pki=pki.folder) in lines[0], lines
+
+
+def test_a_fifo_swapped_in_at_reload_is_one_line_and_the_agent_keeps_serving_and_stops_promptly(
+    tmp_path: Path, fake_lib: Path
+) -> None:
+    """The real binary: a FIFO put at the --web-config-file path once wedged its reloader
+    (no log line, no certificate renewal after it) and made SIGTERM take 8 s. Now the next
+    check (every 10 s) logs one line, HTTPS keeps serving the previous configuration, and
+    SIGTERM ends the agent within a few seconds."""
+    pki = make_pki(tmp_path / "pki")
+    fake = FakeNvml("dgx-h100", tmp_path / "fake.state")
+    agent = spawn_tls_agent(tmp_path, "fifo", tls_section(pki), pki, fake)
+    try:
+        config = tmp_path / "fifo-web.yml"
+        config.unlink()
+        os.mkfifo(config)
+        deadline = time.monotonic() + 30
+        while "not a regular file" not in agent.logs() and time.monotonic() < deadline:
+            assert agent.proc.poll() is None, agent.logs()
+            time.sleep(0.2)
+        reported = [line for line in agent.logs().splitlines() if "not a regular file" in line]
+        assert len(reported) == 1, agent.logs()
+        assert "keeping the previous" in reported[0] and str(config) in reported[0]
+        context = ssl.create_default_context(cafile=str(pki.ca))
+        url = f"https://127.0.0.1:{agent.port}/readyz"
+        with urllib.request.urlopen(url, timeout=5, context=context) as resp:
+            assert resp.status == 200
+        agent.proc.terminate()
+        assert agent.proc.wait(5) == 0, agent.logs()  # not a join on a wedged thread
+    finally:
+        if agent.proc.poll() is None:
+            agent.proc.kill()
+            agent.proc.wait(10)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import http.client
 import os
+import re
 import shutil
 import socket
 import ssl
@@ -309,6 +310,62 @@ def test_min_version_tls13_refuses_a_tls12_client(
     assert get(server, client_context(pki)).status == 200
 
 
+OPENSSL = shutil.which("openssl")
+# exporter-toolkit's curve names (web/tls_config.go) as `openssl s_client -groups` takes
+# them, and as it reports the group agreed on ("Server Temp Key: ECDH, <name>, ...").
+GROUPS = {
+    "CurveP256": ("P-256", "prime256v1"),
+    "CurveP384": ("P-384", "secp384r1"),
+    "CurveP521": ("P-521", "secp521r1"),
+    "X25519": ("X25519", "X25519"),
+}
+
+
+def negotiated_group(server: MetricsServer, version: str, groups: list[str]) -> str | None:
+    """The key-exchange group of a real handshake by `openssl s_client` offering `groups`
+    (its first is the key share it sends), None when the server refuses them all."""
+    assert OPENSSL is not None
+    done = subprocess.run(
+        [OPENSSL, "s_client", "-connect", f"127.0.0.1:{server.port}", version,
+         "-groups", ":".join(groups), "-servername", "localhost"],
+        input="",
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=False,
+    )  # fmt: skip
+    found = re.search(r"(?:Server|Peer) Temp Key: (?:ECDH, )?(\w+)", done.stdout)
+    if done.returncode != 0 or found is None:
+        # The server ends the handshake (an alert, or a close): no certificate was sent.
+        assert "no peer certificate available" in done.stdout, (done.stdout, done.stderr)
+        return None
+    return found.group(1)
+
+
+@pytest.mark.skipif(OPENSSL is None, reason="openssl is not installed")
+@pytest.mark.parametrize("curve", ["CurveP256", "CurveP384", "CurveP521", None])
+@pytest.mark.parametrize("version", ["-tls1_3", "-tls1_2"])
+def test_a_curve_preference_is_the_group_every_handshake_agrees_on(
+    serve: Callable[..., MetricsServer], pki: Pki, curve: str | None, version: str
+) -> None:
+    """A served `curve_preferences` entry is the group agreed on with a client offering
+    all four (X25519 first, as clients do), in TLS 1.3 (by a retry when the client's key
+    share is another group) and in TLS 1.2; a client offering only the other three is
+    refused. Without curve_preferences the default groups agree on X25519 first, as the
+    refusal of `[X25519]` tells the user."""
+    extra = {} if curve is None else {"curve_preferences": [curve]}
+    server = serve(tls_config(pki, **extra))
+    everything = [GROUPS[c][0] for c in ("X25519", "CurveP256", "CurveP384", "CurveP521")]
+    expected = GROUPS[curve or "X25519"][1]
+    assert negotiated_group(server, version, everything) == expected
+    if curve is not None and version == "-tls1_3":
+        # TLS 1.2 checks the ECDSA P-256 certificate's own curve against the client's list,
+        # so only TLS 1.3 can offer just the other groups.
+        others = [GROUPS[c][0] for c in GROUPS if c != curve]
+        assert negotiated_group(server, version, others) is None
+        assert negotiated_group(server, version, [GROUPS[curve][0]]) == expected
+
+
 # --- deadlines and limits over TLS ---------------------------------------------------------------
 
 
@@ -455,15 +512,18 @@ def test_turning_tls_off_needs_a_restart(
     assert get(server, client_context(pki)).status == 200
 
 
-def test_a_fifo_swapped_in_for_a_certificate_is_reported_and_never_wedges_the_reloader(
+@pytest.mark.parametrize("swapped", ["web config", "certificate"])
+def test_a_fifo_swapped_in_is_reported_and_never_wedges_the_reloader(
     serve: Callable[..., MetricsServer],
     pki: Pki,
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
+    swapped: str,
 ) -> None:
-    """A FIFO at a certificate's path once blocked the reloader in open() for ever: no log
-    line, no renewal after it, and a shutdown that waited for it. Now it is one line, the
-    previous pair keeps serving, a real renewal after it is picked up, and stop is prompt."""
+    """A FIFO at the --web-config-file path or a certificate's once blocked the reloader in
+    open() for ever: no log line, no renewal after it, and a shutdown that waited for it.
+    Now it is one line, the previous configuration keeps serving, a good file put back is
+    picked up, and stop is prompt."""
     renewed = make_pki(tmp_path / "renewed")
     live = tmp_path / "live"
     live.mkdir()
@@ -473,19 +533,24 @@ def test_a_fifo_swapped_in_for_a_certificate_is_reported_and_never_wedges_the_re
     server = serve({"tls_server_config": pair}, web_reload_interval=0.1)
     context = client_context(pki)
     context.load_verify_locations(cafile=str(renewed.ca))
+    fifo = tmp_path / "web0.yml" if swapped == "web config" else live / "tls.crt"
 
-    (live / "tls.crt").unlink()
-    os.mkfifo(live / "tls.crt")
+    fifo.unlink()
+    os.mkfifo(fifo)
     wait_for(lambda: "not a regular file" in caplog.text, 10, "the FIFO reported")
+    reported = [r for r in caplog.records if "not a regular file" in r.getMessage()]
+    assert len(reported) == 1 and "\n" not in reported[0].getMessage(), reported
+    assert str(fifo) in reported[0].getMessage()
     assert served_certificate(server, context) == der(pki.server)
 
-    (live / "tls.crt").unlink()
+    fifo.unlink()
     shutil.copy(renewed.server_key, live / "tls.key")
     shutil.copy(renewed.server, live / "tls.crt")
+    write_web_config(tmp_path / "web0.yml", {"tls_server_config": pair})
     wait_for(
         lambda: served_certificate(server, context) == der(renewed.server),
         10,
-        "the renewal after the FIFO served",
+        "the good file after the FIFO served",
     )
     began = time.monotonic()
     server.stop()

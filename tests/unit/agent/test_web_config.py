@@ -201,6 +201,32 @@ def test_x25519_alone_is_refused_with_a_line_that_says_what_to_do(tmp_path: Path
     assert default is not None and handshake(default, None)
 
 
+def test_an_ssl_error_from_any_step_of_the_tls_setup_is_one_line(
+    tmp_path: Path, pki: Pki, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step this OpenSSL build refuses (here ALPN, refused as a build without it would)
+    is a ConfigError naming the section: exit 2 at start, the old file kept on reload,
+    never an uncaught SSLError as X25519 once was."""
+
+    def refuse(self: ssl.SSLContext, protocols: list[str]) -> None:
+        raise ssl.SSLError(1, "[SSL: UNSUPPORTED_PROTOCOL] unsupported protocol")
+
+    monkeypatch.setattr(ssl.SSLContext, "set_alpn_protocols", refuse)
+    message = refused(tmp_path, tls(pki))
+    assert message.startswith(f"{tmp_path / 'web.yml'}: tls_server_config: "), message
+    assert "unsupported protocol" in message
+
+
+def test_x25519mlkem768_is_an_unknown_curve_as_in_exporter_toolkit(
+    tmp_path: Path, pki: Pki
+) -> None:
+    """exporter-toolkit's curve list (web/tls_config.go) has no hybrid post-quantum group;
+    its name is refused as Go refuses it, not taken for the default groups."""
+    message = refused(tmp_path, with_tls(pki, curve_preferences=["X25519MLKEM768"]))
+    assert "unknown curve 'X25519MLKEM768'" in message
+    assert "(expected CurveP256, CurveP384, CurveP521, X25519)" in message
+
+
 def test_a_fifo_or_a_folder_at_a_path_is_refused_at_once(tmp_path: Path, pki: Pki) -> None:
     """A FIFO would block open() for ever (the start, or the reloader and every
     certificate renewal after it); a folder is no file either."""
