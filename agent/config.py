@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from typing import Any, TypeVar
 from gpuscope.agent.attribution.options import AttributionOptions
 from gpuscope.agent.collector import Collector
 from gpuscope.agent.labels_options import LabelsOptions
+from gpuscope.agent.name_patterns import pattern_problem
 from gpuscope.agent.options import ConfigError, Flag, flag, flags_of, names, number, one_of
 from gpuscope.agent.registry import BY_NAME, COLLECTORS, DEFAULT_COLLECTORS
 from gpuscope.agent.web_config import WebConfig, load_web_config
@@ -61,11 +61,7 @@ def _node_name(flag_name: str, text: str) -> str:
 
 
 def _pattern_problem(text: str) -> str | None:
-    try:
-        re.compile(text)
-    except re.error as exc:
-        return f"not a regular expression: {exc}"
-    return None
+    return pattern_problem(text) if text else None
 
 
 def _web_config(flag_name: str, text: str) -> WebConfig | None:
@@ -116,15 +112,15 @@ class AgentOptions:
     )
     metrics_include: str = flag(
         "",
-        "regular expression of metric names (full match) served whole at any detail level, "
-        "e.g. 'gpuscope_gpu_nvlink_link_.*'",
+        "RE2 regular expression of metric names (fully anchored, as in Prometheus "
+        "relabelling) served whole at any detail level, e.g. 'gpuscope_gpu_nvlink_link_.*'",
         check=lambda v: _pattern_problem(v),
         shown="none",
     )
     metrics_exclude: str = flag(
         "",
-        "regular expression of metric names (full match) never served (wins over include; "
-        "the gpuscope_collector_* health series cannot be excluded)",
+        "RE2 regular expression of metric names (fully anchored) never served (wins over "
+        "include; the gpuscope_collector_* health series cannot be excluded)",
         check=lambda v: _pattern_problem(v),
         shown="none",
     )

@@ -8,7 +8,8 @@ before. Each family declares what the default level serves of it (`MetricSpec.at
 all, some, none); a renderer asks `Families.full(name)` whether to render every series of a
 "some" family.
 
-The filters work as node_exporter's collector filters do, on metric names (full match):
+The filters work as node_exporter's collector filters do, on metric names (full match, RE2
+syntax as in Prometheus's relabelling: agent/name_patterns.py says why not Python's `re`):
 `--metrics-include` serves every series of the families it matches at any level, and
 `--metrics-exclude` removes families whatever else says (it wins). The agent's own health
 series (`gpuscope_collector_*`, `gpuscope_build_info`) cannot be excluded: a scrape must
@@ -22,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from gpuscope.agent.name_patterns import NamePattern, compile_name_pattern
 from gpuscope.exporters.prometheus.spec import AtDefault, MetricSpec
 
 Mode = Literal["full", "some", "off"]
@@ -36,8 +38,8 @@ class MetricSelection:
     agent builds its own from the flags (`from_flags`)."""
 
     full: bool = True
-    include: re.Pattern[str] | None = None
-    exclude: re.Pattern[str] | None = None
+    include: NamePattern | None = None
+    exclude: NamePattern | None = None
 
     @classmethod
     def from_flags(
@@ -49,8 +51,10 @@ class MetricSelection:
         patterns = [p for p in (include, also_include) if p]
         return cls(
             full=level == "full",
-            include=re.compile("|".join(f"(?:{p})" for p in patterns)) if patterns else None,
-            exclude=re.compile(exclude) if exclude else None,
+            include=(
+                compile_name_pattern("|".join(f"(?:{p})" for p in patterns)) if patterns else None
+            ),
+            exclude=compile_name_pattern(exclude) if exclude else None,
         )
 
     def mode(self, spec: MetricSpec) -> Mode:

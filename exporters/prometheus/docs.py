@@ -46,6 +46,13 @@ healthy node does not have, or per-GPU summaries: "Present" says which) or none 
 (plus one per distinct XID a GPU reported); at full detail, 186. `--metrics-include`
 serves the matching metrics whole at any level; `--metrics-exclude` removes them (the
 `gpuscope_collector_*` health series excepted). docs/scale.md has the arithmetic.
+
+Both patterns are **RE2** regular expressions, fully anchored, as Prometheus's own
+relabelling regexes are: `gpuscope_gpu_.*` matches a whole name, `gpu_` alone matches none.
+RE2 matches in time linear in the name whatever the pattern (Python's `re` would backtrack:
+`([a-z_]+)*Q` once froze the agent at its first scrape), and has no backreferences or
+lookaround: a pattern that uses them, or is not RE2 at all, stops the agent at start with
+exit 2 and one line (`--metrics-include: not an RE2 regular expression: ...`).
 """
 
 

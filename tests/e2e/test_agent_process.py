@@ -64,3 +64,58 @@ def test_json_logs_are_one_object_per_line(agent_process) -> None:
     entries = [json.loads(line) for line in agent.logs().splitlines() if line.strip()]
     assert any(e["level"] == "error" and e.get("collector") == "gpu" for e in entries)
     assert all({"ts", "level", "logger", "msg"} <= set(e) for e in entries)
+
+
+def test_a_pathological_name_pattern_neither_freezes_a_scrape_nor_the_probes(
+    agent_process, fake_lib, tmp_path
+) -> None:
+    """`([a-z_]+)*Q` and `(\\w+)*!` once took Python's backtracking `re` exponential time
+    on the metric names at the first scrape: it timed out, then /healthz and /readyz stopped
+    answering and the liveness probe restarted the agent after every first scrape. RE2
+    matches them in linear time: every scrape and every probe answers at once."""
+    fake = FakeNvml("dgx-h100", tmp_path / "state")
+    agent = agent_process(
+        "--collectors",
+        "gpu",
+        "--metrics-include",
+        r"([a-z_]+)*Q",
+        "--metrics-exclude",
+        r"(\w+)*!",
+        env=fake.env(),
+    )
+    for _ in range(3):
+        began = time.monotonic()
+        m = agent.scrape()
+        assert time.monotonic() - began < 2.0
+        assert m.value("gpuscope_collector_success", collector="gpu") == 1
+        assert len(m.series("gpuscope_gpu_up")) == 8  # neither pattern matches a name
+        for probe, answer in (("/healthz", "ok\n"), ("/readyz", "ready\n")):
+            began = time.monotonic()
+            assert agent.get(probe) == (200, answer)
+            assert time.monotonic() - began < 1.0
+    assert agent.stop() == 0
+
+
+@pytest.mark.parametrize(
+    ("pattern", "reason"),
+    [(r"(gpu)_\1", r"invalid escape sequence: \1"), (r"gpuscope_(?!nic).*", "(?!")],
+)
+def test_a_backreference_or_lookaround_stops_the_agent_with_one_line_and_exit_2(
+    pattern: str, reason: str
+) -> None:
+    import subprocess
+
+    from tests.support import GPUSCOPE, REPO
+
+    done = subprocess.run(
+        [*GPUSCOPE, "--metrics-include", pattern],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("gpuscope: --metrics-include: not an RE2 regular expression: ")
+    assert reason in lines[0]

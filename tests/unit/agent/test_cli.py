@@ -77,8 +77,7 @@ def test_environment_variables_and_flags_override_them() -> None:
         (["--metrics-detail", "all"], "--metrics-detail: expected default or full, got 'all'"),
         (
             ["--metrics-include", "gpuscope_(gpu"],
-            "--metrics-include: not a regular expression: missing ), unterminated subpattern "
-            "at position 9",
+            "--metrics-include: not an RE2 regular expression: missing ): gpuscope_(gpu",
         ),
         # argv that is not UTF-8 reaches Python as surrogate escapes (os.fsdecode)
         (["--node-name", "gpu\udcff-7"], "--node-name: not valid UTF-8: 'gpu\\xff-7'"),
