@@ -50,6 +50,9 @@ Reason = Literal["unreadable", "loop", "too_large", "invalid"]
 REASONS: tuple[Reason, ...] = ("unreadable", "loop", "too_large", "invalid")
 
 DEFAULT_CAP = 64 * 1024  # bytes read from one file at most
+# The kernel's counters are u64 (netdev statistics, RDMA counters, cgroup event and stat
+# counts): a value past it, or negative, is no counter a kernel wrote.
+U64_MAX = 2**64 - 1
 MAX_TRACKED = 4096  # paths whose failing state is remembered (beyond: forgotten, re-logged)
 
 # A file or device that is gone, or a value the kernel or driver does not have right now.
@@ -208,6 +211,23 @@ class HostFs:
             return int(text, 0) if text.startswith(("0x", "-0x")) else int(text)
         except ValueError:
             return None
+
+    def read_counter(self, path: Path | str) -> int | None:
+        """A kernel counter attribute (a u64 in decimal): None when absent or failed; also
+        None, counted and logged as `invalid`, when the text is no number or the number is
+        outside 0..2**64-1, which no kernel writes (a counter of 1.8e26 would otherwise be
+        served and ruin every rate() over it)."""
+        text = self.read_text(path)
+        if text is None:
+            return None
+        key = f"{os.fspath(path)} (content)"
+        value = int(text) if text.isascii() and text.isdigit() else None
+        if value is None or value > U64_MAX:
+            # The text stays out of the line: a bogus value that changes must not log anew.
+            self.note(key, "invalid", f"{show(path)}: not a u64 counter (0 to 2**64-1); left out")
+            return None
+        self.recovered(key)
+        return value
 
     # --- directories and links -----------------------------------------------------------------
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuscope.agent.clock import Clock, SystemClock
-from gpuscope.agent.hostfs import HostFs, label_text, problem_of, show
+from gpuscope.agent.hostfs import U64_MAX, HostFs, label_text, problem_of, show
 from gpuscope.agent.k8s.cgroups import detect_cgroup_v2_root, parse_cgroup_path
 
 USEC = 1_000_000  # per second: divided by, so 30 us reads 3e-05 exactly
@@ -81,6 +81,8 @@ def parse_pressure(text: str) -> Pressure | None:
         for field in rest.split():
             key, eq, value = field.partition("=")
             if key == "total" and eq and value.isdigit():
+                if int(value) > U64_MAX:
+                    return None
                 totals[kind] = int(value)
     if "some" not in totals:
         return None
@@ -88,14 +90,19 @@ def parse_pressure(text: str) -> Pressure | None:
     return Pressure(totals["some"] / USEC, full / USEC if full is not None else None)
 
 
-def parse_flat_keyed(text: str) -> dict[str, int]:
+def parse_flat_keyed(text: str) -> dict[str, int] | None:
     """`key value` lines (`cpu.stat`, `memory.events`, `memory.oom_control`); lines that
-    are not a name and an integer are skipped."""
+    are not a name and an integer are skipped. None when a value is past u64: the kernel
+    keeps these counts in u64, so the file is not one it wrote (and `oom_kill 1.8e26`
+    must not become a served counter)."""
     out: dict[str, int] = {}
     for line in text.splitlines():
         fields = line.split()
         if len(fields) == 2 and fields[1].isdigit():
-            out[fields[0]] = int(fields[1])
+            value = int(fields[1])
+            if value > U64_MAX:
+                return None
+            out[fields[0]] = value
     return out
 
 
@@ -112,7 +119,7 @@ def parse_io_stat(text: str) -> tuple[int, int, int, int] | None:
             return None
         for field in fields[1:]:
             key, eq, value = field.partition("=")
-            if not eq or not value.isdigit():
+            if not eq or not value.isdigit() or int(value) > U64_MAX:
                 return None
             if key in sums:
                 sums[key] += int(value)
@@ -128,6 +135,8 @@ def parse_blkio(text: str) -> tuple[int, int] | None:
         if not fields or (len(fields) == 2 and fields[0] == "Total"):
             continue
         if len(fields) != 3 or ":" not in fields[0] or not fields[2].isdigit():
+            return None
+        if int(fields[2]) > U64_MAX:
             return None
         if fields[1] == "Read":
             read += int(fields[2])
@@ -345,15 +354,19 @@ class PodCgroupReader:
         if v2 is not None:
             text = self._text(f"{v2}/cpu.stat")
             keys = parse_flat_keyed(text) if text is not None else {}
+            if text is not None:
+                # Without the cpu controller v2 cpu.stat has no throttling keys: not invalid.
+                self._judge(f"{v2}/cpu.stat", keys is not None)
+            keys = keys or {}
             if "nr_throttled" in keys and "throttled_usec" in keys:
                 return keys["nr_throttled"], keys["throttled_usec"] / USEC
         if cpu1 is not None:
             text = self._text(f"{cpu1}/cpu.stat")
             keys = parse_flat_keyed(text) if text is not None else {}
-            valid = "nr_throttled" in keys and "throttled_time" in keys
+            valid = keys is not None and "nr_throttled" in keys and "throttled_time" in keys
             if text is not None:
                 self._judge(f"{cpu1}/cpu.stat", valid)
-            if valid:
+            if valid and keys is not None:
                 return keys["nr_throttled"], keys["throttled_time"] / NSEC
         return None, None
 
@@ -395,6 +408,9 @@ class PodCgroupReader:
             if text is None:
                 continue
             keys = parse_flat_keyed(text)
+            self._judge(f"{directory}/{name}", keys is not None)
+            if keys is None:
+                return None
             if "oom_kill" in keys:  # kernels before 4.13 do not count them: nothing to say
                 return keys["oom_kill"]
         return None

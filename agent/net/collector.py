@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,9 +12,21 @@ from gpuscope.agent.net.records import NetSnapshot, NicSnapshot, RdmaSnapshot
 from gpuscope.agent.options import NoOptions, flag, one_of
 from gpuscope.agent.sources import Source
 
+# Map sizes the kernel can allocate, checked at parse time (a larger one was accepted, then
+# failed at load with "Argument list too long"). A hash map takes at most 2**27 entries (its
+# power-of-two buckets must fit a u32 of bytes) and the RTT map holds 16 per cgroup; the TCP
+# and socket maps are preallocated, so these bounds (about 100 MB and 300 MB of kernel
+# memory) are also where a typo would start costing the node real memory. A node runs a few
+# thousand cgroups and a few hundred thousand sockets at most.
+MAX_BPF_CGROUPS = 2**20
+MAX_BPF_SOCKETS = 2**22
 
-def _at_least_one(v: int) -> str | None:
-    return None if v >= 1 else f"expected at least 1, got {v}"
+
+def _map_size(most: int, what: str) -> Callable[[int], str | None]:
+    def check(v: int) -> str | None:
+        return None if 1 <= v <= most else f"expected 1 to {most} {what}, got {v}"
+
+    return check
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,9 +49,15 @@ class NetOptions:
         "auto, tracepoint or cgroup_skb (auto: tracepoints where the kernel has them)",
         parse=one_of("auto", "tracepoint", "cgroup_skb"),
     )
-    bpf_max_cgroups: int = flag(8192, "cgroups the BPF maps can hold", check=_at_least_one)
+    bpf_max_cgroups: int = flag(
+        8192,
+        f"cgroups the BPF maps can hold (at most {MAX_BPF_CGROUPS})",
+        check=_map_size(MAX_BPF_CGROUPS, "cgroups"),
+    )
     bpf_max_sockets: int = flag(
-        262144, "TCP sockets the BPF socket map can hold", check=_at_least_one
+        262144,
+        f"TCP sockets the BPF socket map can hold (at most {MAX_BPF_SOCKETS})",
+        check=_map_size(MAX_BPF_SOCKETS, "sockets"),
     )
     kernel_modules: Path = flag(
         Path("/lib/modules"),

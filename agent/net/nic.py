@@ -81,14 +81,14 @@ def read_nic(
         operstate=fs.read_text(netdev / "operstate"),
         speed_bytes_per_second=_speed(fs.read_int(netdev / "speed")),
         mtu_bytes=fs.read_int(netdev / "mtu"),
-        transmit_bytes=fs.read_int(stats / "tx_bytes"),
-        receive_bytes=fs.read_int(stats / "rx_bytes"),
-        transmit_packets=fs.read_int(stats / "tx_packets"),
-        receive_packets=fs.read_int(stats / "rx_packets"),
-        transmit_errors=fs.read_int(stats / "tx_errors"),
-        receive_errors=fs.read_int(stats / "rx_errors"),
-        transmit_dropped=fs.read_int(stats / "tx_dropped"),
-        receive_dropped=fs.read_int(stats / "rx_dropped"),
+        transmit_bytes=fs.read_counter(stats / "tx_bytes"),
+        receive_bytes=fs.read_counter(stats / "rx_bytes"),
+        transmit_packets=fs.read_counter(stats / "tx_packets"),
+        receive_packets=fs.read_counter(stats / "rx_packets"),
+        transmit_errors=fs.read_counter(stats / "tx_errors"),
+        receive_errors=fs.read_counter(stats / "rx_errors"),
+        transmit_dropped=fs.read_counter(stats / "tx_dropped"),
+        receive_dropped=fs.read_counter(stats / "rx_dropped"),
     )
 
 

@@ -247,13 +247,13 @@ def _words(value: int | None) -> int | None:
 
 
 def _read_counters(directory: Path, fs: HostFs, skip: tuple[str, ...] = ()) -> dict[str, int]:
-    """Every integer file in a counter directory, by name (as label text); unreadable ones
-    are left out."""
+    """Every counter file in a counter directory, by name (as label text); unreadable ones,
+    and values no u64 counter holds (counted as invalid), are left out."""
     values: dict[str, int] = {}
     for entry in fs.list_dir(directory):
         if entry.name in skip:
             continue
-        value = fs.read_int(entry)
+        value = fs.read_counter(entry)
         if value is not None:
             values[label_text(entry.name)] = value
     return values

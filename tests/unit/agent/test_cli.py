@@ -79,6 +79,13 @@ def test_environment_variables_and_flags_override_them() -> None:
             ["--metrics-include", "gpuscope_(gpu"],
             "--metrics-include: not an RE2 regular expression: missing ): gpuscope_(gpu",
         ),
+        # A map the kernel cannot allocate is refused here, not at load ("Argument list too
+        # long"); at these bounds the preallocated maps already cost hundreds of MB.
+        (
+            ["--bpf-max-cgroups", "100000000000"],
+            "--bpf-max-cgroups: expected 1 to 1048576 cgroups, got 100000000000",
+        ),
+        (["--bpf-max-sockets", "0"], "--bpf-max-sockets: expected 1 to 4194304 sockets, got 0"),
         # argv that is not UTF-8 reaches Python as surrogate escapes (os.fsdecode)
         (["--node-name", "gpu\udcff-7"], "--node-name: not valid UTF-8: 'gpu\\xff-7'"),
     ],

@@ -261,3 +261,28 @@ def test_text_and_integer_attributes(tmp_path: Path) -> None:
     assert fs.read_int(tmp_path / "junk") is None
     assert fs.read_text(tmp_path / "junk") == "\\xff\\xfe"
     assert fs.read_int(tmp_path / "cut") == 12  # a value without its newline is still whole
+
+
+def test_a_counter_past_u64_or_no_number_is_left_out_counted_and_logged_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A kernel counter is a u64: 2**64-1 reads, anything past it (or negative, or not a
+    number) is no value a kernel wrote, so it is dropped as `invalid`, never served as a
+    counter of 1.8e26."""
+    fs = HostFs("nic")
+    path = tmp_path / "tx_bytes"
+    caplog.set_level(logging.INFO)
+    path.write_text(f"{2**64 - 1}\n")
+    assert fs.read_counter(path) == 2**64 - 1
+    for bad in ("184467440737095516159999999", str(2**64), "-1", "12abc", "0x10"):
+        path.write_text(bad + "\n")
+        assert fs.read_counter(path) is None, bad
+    path.write_text("184467440737095516159999999\n")
+    assert fs.read_counter(path) is None
+    assert fs.counts()["invalid"] == 6  # each read counted; one line while the path is bad
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [f"nic: {path}: not a u64 counter (0 to 2**64-1); left out"], warnings
+    path.write_text("42\n")
+    assert fs.read_counter(path) == 42
+    assert caplog.records[-1].getMessage() == f"nic: {path} (content) reads again"
+    assert fs.read_counter(tmp_path / "absent") is None and fs.counts()["invalid"] == 6

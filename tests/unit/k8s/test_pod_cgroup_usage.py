@@ -217,6 +217,37 @@ def test_content_that_is_not_the_kernels_drops_that_signal_counted_and_logged_on
     assert len(caplog.records) == 2, [r.getMessage() for r in caplog.records]
 
 
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("memory.events", "low 0\nhigh 0\nmax 7\noom 2\noom_kill 184467440737095516159999999\n"),
+        ("cpu.stat", f"nr_periods 40\nnr_throttled {2**64}\nthrottled_usec 1500000\n"),
+        ("io.stat", f"254:0 rbytes={2**64} wbytes=8192 rios=1 wios=2\n"),
+        ("cpu.pressure", f"some avg10=0.00 avg60=0.00 avg300=0.00 total={2**64}\n"),
+    ],
+)
+def test_a_count_past_u64_is_no_kernels_and_is_dropped_and_counted(
+    tmp_path: Path, name: str, text: str
+) -> None:
+    """The kernel keeps these counts in u64: `oom_kill 184467440737095516159999999` once
+    became gpuscope_pod_oom_kills_total 1.84e+26. 2**64-1 still reads."""
+    pod = systemd_pod(tmp_path)
+    write(pod, dict(V2_FILES, **{name: text}))
+    reader = PodCgroupReader(CgroupRoots(tmp_path), clock=ManualClock(), fs=HostFs("pods"))
+    usage = reader.read({UID})[UID]
+    lost = {
+        "memory.events": usage.oom_kills,
+        "cpu.stat": usage.cpu_throttled_periods,
+        "io.stat": usage.io_read_bytes,
+        "cpu.pressure": usage.cpu_pressure,
+    }
+    assert lost.pop(name) is None
+    assert None not in lost.values()  # the other files still read
+    assert reader.fs.counts()["invalid"] == 1
+    write(pod, {name: text.replace(str(2**64), str(2**64 - 1)).replace("159999999", "15")})
+    assert reader.read({UID}) != {}
+
+
 def test_files_are_read_at_most_once_per_interval_whatever_the_scrape_rate(
     tmp_path: Path,
 ) -> None:

@@ -219,6 +219,22 @@ def test_unknown_speeds_are_omitted(tree: Path, content: str) -> None:
     assert one(tree, "eno1").speed_bytes_per_second is None
 
 
+def test_a_counter_no_kernel_can_hold_is_omitted_and_counted_as_invalid(tree: Path) -> None:
+    """netdev statistics are u64: a value past 2**64-1 is not served as a counter (it would
+    ruin every rate() over it) but dropped and counted; 2**64-1 itself reads."""
+    from gpuscope.agent.hostfs import HostFs
+
+    eno1 = netdev_dir(tree, "eno1")
+    (eno1 / "statistics/tx_bytes").write_text("184467440737095516159999999\n")
+    (eno1 / "statistics/rx_bytes").write_text(f"{2**64 - 1}\n")
+    fs = HostFs("nic")
+    nic = by_name(read_nics(tree, fs))["eno1"]
+    assert nic.transmit_bytes is None
+    assert nic.receive_bytes == 2**64 - 1
+    assert nic.transmit_packets == NODE.nic("eno1").stats["tx_packets"]
+    assert fs.counts()["invalid"] == 1
+
+
 def test_unreadable_files_are_omitted_one_by_one(tree: Path) -> None:
     eno1 = netdev_dir(tree, "eno1")
     # EINVAL/EIO stand-ins (tests run as root, so chmod would not do): a directory where
