@@ -17,7 +17,8 @@ then started on it, so a client that never finishes its handshake is cut exactly
 that never finishes its request, and counts against `max_connections` meanwhile. Basic
 auth is checked before routing, on every path but /healthz and /readyz (the kubelet's
 probes carry no credentials; they show no workload data): a remembered success is answered
-on the loop, a new one is checked with bcrypt on a thread of its own.
+on the loop, a new one is checked with bcrypt on a thread of its own, in an order that lets
+no flood of wrong passwords starve a right one (agent/credential_checks.py).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from typing import Any
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, choose_encoder
 from prometheus_client.registry import CollectorRegistry
 
+from gpuscope.agent.credential_checks import CredentialChecks, Verdict, client_key
 from gpuscope.agent.http_wire import (
     Request,
     RequestError,
@@ -68,9 +70,6 @@ _TEXT = "text/plain; charset=utf-8"
 _INDEX = b"<html><body><h1>gpuscope</h1><a href='/metrics'>/metrics</a></body></html>\n"
 # Served without credentials (and without the rate limit): the kubelet's probes send none.
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
-# New credentials waiting for bcrypt beyond which a request is told to come back (503):
-# a flood of wrong passwords must not hold connections for minutes.
-_MAX_PENDING_CHECKS = 32
 
 
 def parse_listen_address(flag_name: str, text: str) -> tuple[str, int]:
@@ -190,6 +189,7 @@ class ServerStats:
     tls_errors: int  # TLS handshakes that failed (no or bad client certificate, not TLS...)
     unauthorized: int  # requests answered 401 (no, malformed or wrong credentials)
     rate_limited: int  # requests answered 429 (the web configuration's rate_limit)
+    auth_busy: int  # requests answered 503: no room to check their new credentials
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,11 +266,12 @@ class MetricsServer:
         self.tls: ssl.SSLContext | None = web.tls if web is not None else None
         self.extra_headers = list(web.headers) if web is not None else []
         self._auth = BasicAuth(web.users) if web is not None and web.users else None
-        self._auth_worker = _Workers(1)  # bcrypt, one check at a time
+        self._checks = CredentialChecks()  # bcrypt, one check at a time
         self._reloader = (
-            _WebReloader(web, self._reloaded, web_reload_interval) if web is not None else None
+            _WebReloader(web, self._auth, self._reloaded, web_reload_interval)
+            if web is not None
+            else None
         )
-        self._pending_checks = 0
         self._bucket = _Bucket(web.rate_limit) if web is not None and web.rate_limit else None
         self._connections: set[_Connection] = set()
         self._counts = dict.fromkeys(ServerStats.__slots__, 0)
@@ -305,7 +306,7 @@ class MetricsServer:
     def start(self) -> None:
         self._workers.start()
         if self.web is not None:
-            self._auth_worker.start()
+            self._checks.start()
         self._thread = threading.Thread(target=self._run, name="http", daemon=True)
         self._thread.start()
         if not self._serving.wait(10):
@@ -323,7 +324,7 @@ class MetricsServer:
             self._reloader.stop()
         self._sock.close()
         self._workers.stop()
-        self._auth_worker.stop()
+        self._checks.stop()
 
     # The event loop thread.
 
@@ -415,8 +416,8 @@ class MetricsServer:
     # Access: rate limit and basic auth, before routing.
 
     def check_access(self, request: Request) -> _Answer | tuple[str, bytes] | None:
-        """None: serve the request. An answer: refuse with it (401, 429, 503). A (user,
-        password) pair: credentials not seen lately, to check with bcrypt (`verify_for`)."""
+        """None: serve the request. An answer: refuse with it (401, 429). A (user, password)
+        pair: credentials not verified before, to check with bcrypt (`verify_for`)."""
         if request.path in OPEN_PATHS:
             return None
         if self._bucket is not None and not self._bucket.take(time.monotonic()):
@@ -429,8 +430,6 @@ class MetricsServer:
             return self.unauthorized()
         if self._auth.cached(*credentials):
             return None
-        if self._pending_checks >= _MAX_PENDING_CHECKS:
-            return _Answer(503, b"too many credential checks in flight\n", [("Retry-After", "1")])
         return credentials
 
     def unauthorized(self) -> _Answer:
@@ -438,24 +437,27 @@ class MetricsServer:
         return _Answer(401, b"Unauthorized\n", [("WWW-Authenticate", "Basic")])
 
     def verify_for(self, connection: _Connection, request: Request, user: str, pw: bytes) -> None:
-        """Check credentials with bcrypt on the auth thread, then hand the verdict to
-        `connection` on the loop."""
-        loop, auth = self._loop, self._auth
-        assert loop is not None and auth is not None
-        self._pending_checks += 1
+        """Queue a bcrypt check of the credentials (agent/credential_checks.py), then hand
+        the verdict to `connection` on the loop. The check reads the configuration in force
+        when its turn comes: a reload while it waited decides against the new hashes."""
+        loop = self._loop
+        assert loop is not None
 
-        def job() -> None:
-            ok = auth.verify(user, pw)
+        def check() -> bool:
+            auth = self._auth
+            return auth is None or auth.verify(user, pw)  # None: basic auth was turned off
+
+        def done(verdict: Verdict) -> None:
             try:
-                loop.call_soon_threadsafe(self._verified, connection, request, ok)
+                loop.call_soon_threadsafe(connection.verified, request, verdict)
             except RuntimeError:
                 log.debug("http: a credential check finished after the server stopped")
 
-        self._auth_worker.submit(job)
+        self._checks.submit(client_key(connection.peer), check, done)
 
-    def _verified(self, connection: _Connection, request: Request, ok: bool) -> None:
-        self._pending_checks -= 1
-        connection.verified(request, ok)
+    def checks_busy(self) -> _Answer:
+        self.count("auth_busy")
+        return _Answer(503, b"too many credential checks waiting\n", [("Retry-After", "1")])
 
     # Answers.
 
@@ -755,13 +757,15 @@ class _Connection(asyncio.Protocol):
         self.transport.pause_reading()
         self.server.verify_for(self, request, user, password)
 
-    def verified(self, request: Request, ok: bool) -> None:
+    def verified(self, request: Request, verdict: Verdict) -> None:
         if self.state is _State.CLOSED:
             return
-        if ok:
+        if verdict is Verdict.GOOD:
             self._dispatch(request)
-        else:
+        elif verdict is Verdict.WRONG:
             self._answer(request, self.server.unauthorized())
+        else:
+            self._answer(request, self.server.checks_busy())
         self._process()
 
     def _take_request(self) -> Request | None:
@@ -920,10 +924,12 @@ class _WebReloader:
     def __init__(
         self,
         web: WebConfig,
+        auth: BasicAuth | None,
         apply: Callable[[WebConfig, BasicAuth | None], None],
         interval: float,
     ) -> None:
         self._web = web
+        self._auth = auth
         self._apply = apply
         self._interval = interval
         self._seen = web.fingerprint()
@@ -965,7 +971,9 @@ class _WebReloader:
             return
         self._error = None
         self._web = web
-        self._apply(web, BasicAuth(web.users) if web.users else None)
+        # Carried over: logins verified under hashes the new file keeps stay remembered.
+        self._auth = BasicAuth(web.users, previous=self._auth) if web.users else None
+        self._apply(web, self._auth)
         log.info("web config %s reloaded: %s", path, web.summary())
 
 

@@ -28,15 +28,15 @@ import binascii
 import errno
 import functools
 import hashlib
+import hmac
 import ipaddress
 import os
 import re
 import ssl
 import stat
 import threading
-import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -637,50 +637,71 @@ class BasicAuth:
     """Checks credentials against `basic_auth_users` at a bounded cost.
 
     bcrypt costs about 100 ms at cost 10, by design. A check that succeeded is remembered
-    for `ttl` seconds (by a digest of user, hash and password; the password is not kept),
-    so a scraper pays bcrypt once a minute, not on every scrape; `cached` answers from that
-    memory at once and is what the event loop calls. `verify` pays bcrypt, one check at a
-    time (a lock, as exporter-toolkit does), so a flood of wrong passwords costs at most one
-    core; failures are not remembered, so they cannot push a good entry out. An unknown
-    user is checked against a hash of the same cost, so timing does not reveal user names.
+    for as long as the user's hash is unchanged, so a scraper pays bcrypt once per agent
+    (and per password), not once per scrape or per minute: an expiring memory sends the
+    regular scraper back to the bcrypt queue, where a flood of wrong passwords is waiting.
+    The memory is keyed by an HMAC of user, hash and password under a secret drawn at start,
+    so neither the password nor an offline-testable digest of it is kept; it holds at most
+    `max_entries` credentials, least recently used out first, and only successes enter it,
+    so wrong passwords cannot push a good one out. `cached` answers from it at once and is
+    what the event loop calls; `verify` pays bcrypt (one check at a time, as exporter-toolkit
+    does). An unknown user is checked against a decoy hash of the same cost, so timing does
+    not reveal user names.
+
+    A reloaded configuration is built with `previous=` the one in force: credentials of
+    users whose hash did not change stay remembered, so a certificate renewal or a new user
+    does not send every scraper back to bcrypt.
     """
 
     def __init__(
         self,
         users: Mapping[str, bytes],
         *,
-        ttl: float = 60.0,
-        max_entries: int = 64,
-        clock: Callable[[], float] = time.monotonic,
+        max_entries: int = 256,
+        previous: BasicAuth | None = None,
     ) -> None:
         self._users = dict(users)
-        self._ttl = ttl
         self._max = max_entries
-        self._clock = clock
-        self._good: OrderedDict[bytes, float] = OrderedDict()
+        self._good: OrderedDict[bytes, str] = OrderedDict()  # HMAC -> user
         self._lock = threading.Lock()
-        self._bcrypt_lock = threading.Lock()
-        cost = int(next(iter(self._users.values()))[4:6]) if self._users else 4
-        import bcrypt
+        cost = _bcrypt_cost(next(iter(self._users.values()), b""))
+        if previous is None:
+            self._secret = os.urandom(32)
+            self._bcrypt_lock = threading.Lock()
+        else:
+            self._secret = previous._secret
+            self._bcrypt_lock = previous._bcrypt_lock  # one bcrypt at a time, across reloads
+            with previous._lock:
+                for key, user in previous._good.items():
+                    if user in self._users and self._users[user] == previous._users.get(user):
+                        self._good[key] = user
+            while len(self._good) > self._max:
+                self._good.popitem(last=False)
+        self._decoy: bytes
+        if previous is not None and _bcrypt_cost(previous._decoy) == cost:
+            self._decoy = previous._decoy  # making one costs a bcrypt round
+        else:
+            import bcrypt
 
-        self._decoy = bcrypt.hashpw(b"decoy password", bcrypt.gensalt(cost))
+            self._decoy = bcrypt.hashpw(b"decoy password", bcrypt.gensalt(cost))
+
+    def __len__(self) -> int:
+        """How many verified credentials are remembered."""
+        with self._lock:
+            return len(self._good)
 
     def _key(self, user: str, password: bytes) -> bytes:
         hashed = self._users.get(user, b"")
-        return hashlib.sha256(
-            b"\0".join((user.encode("utf-8", "surrogateescape"), hashed, password))
-        ).digest()
+        message = b"\0".join((user.encode("utf-8", "surrogateescape"), hashed, password))
+        return hmac.new(self._secret, message, hashlib.sha256).digest()
 
     def cached(self, user: str, password: bytes) -> bool:
-        """True when these credentials were verified less than `ttl` seconds ago."""
+        """True when these exact credentials were verified under the user's current hash."""
         key = self._key(user, password)
         with self._lock:
-            expires = self._good.get(key)
-            if expires is None:
+            if key not in self._good:
                 return False
-            if expires < self._clock():
-                del self._good[key]
-                return False
+            self._good.move_to_end(key)
             return True
 
     def verify(self, user: str, password: bytes) -> bool:
@@ -690,12 +711,18 @@ class BasicAuth:
             ok = _checkpw(password, hashed if hashed is not None else self._decoy)
         ok = ok and hashed is not None
         if ok:
+            key = self._key(user, password)
             with self._lock:
-                self._good[self._key(user, password)] = self._clock() + self._ttl
-                self._good.move_to_end(self._key(user, password))
+                self._good[key] = user
+                self._good.move_to_end(key)
                 while len(self._good) > self._max:
                     self._good.popitem(last=False)
         return ok
+
+
+def _bcrypt_cost(hashed: bytes) -> int:
+    """The cost of a `$2b$10$...` hash; 4 (the least) for none."""
+    return int(hashed[4:6]) if len(hashed) > 6 and hashed[4:6].isdigit() else 4
 
 
 def _checkpw(password: bytes, hashed: bytes) -> bool:

@@ -6,9 +6,13 @@ bad file stops the real binary at start with one line and exit 2."""
 
 from __future__ import annotations
 
+import base64
+import http.client
+import json
 import os
 import ssl
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -303,3 +307,101 @@ def test_a_fifo_swapped_in_at_reload_is_one_line_and_the_agent_keeps_serving_and
         if agent.proc.poll() is None:
             agent.proc.kill()
             agent.proc.wait(10)
+
+
+# --- a wrong-password flood ------------------------------------------------------------------
+
+
+def timed_get(
+    agent: TlsAgent, context: ssl.SSLContext, path: str, source: str, user: str, password: str
+) -> tuple[int, float]:
+    """(status, seconds) of one request on a new connection from `source`, handshake
+    included, as a Prometheus that does not keep connections alive pays it."""
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    start = time.monotonic()
+    conn = http.client.HTTPSConnection(
+        "127.0.0.1", agent.port, timeout=10, context=context, source_address=(source, 0)
+    )
+    try:
+        conn.request("GET", path, headers={"Authorization": f"Basic {token}"})
+        response = conn.getresponse()
+        response.read()
+    finally:
+        conn.close()
+    return response.status, time.monotonic() - start
+
+
+def test_a_wrong_password_flood_never_keeps_a_right_one_waiting(
+    tmp_path: Path, fake_lib: Path
+) -> None:
+    """48 clients on 48 addresses send wrong passwords back to back (bcrypt cost 10, TLS).
+    Once, the regular scraper got 503 as soon as its minute-long memory of a good login
+    ran out, every correct login not seen in the last minute got 503, and a reload forgot
+    every login. Now, throughout the flood: the scraper is answered 200 within a second,
+    each new scraper's first login too (its address has no failures, so it goes before the
+    flood's), the probes answer, and a reload that keeps the hashes keeps the logins."""
+    pki = make_pki(tmp_path / "pki")
+    fake = FakeNvml("dgx-h100", tmp_path / "fake.state")
+    users = {USER: bcrypt_hash(PASSWORD, 10)} | {
+        f"new{i}": bcrypt_hash(f"pw{i}", 10) for i in range(5)
+    }
+    web = {**tls_section(pki), "basic_auth_users": users}
+    agent = spawn_tls_agent(tmp_path, "flood", web, pki, fake)
+    context = ssl.create_default_context(cafile=str(pki.ca))
+    latencies: dict[str, list[float]] = {"scraper": [], "new login": [], "healthz": []}
+
+    def expect_200(kind: str, path: str, source: str, user: str, password: str) -> None:
+        status, seconds = timed_get(agent, context, path, source, user, password)
+        assert status == 200, (kind, status, seconds)
+        latencies[kind].append(seconds)
+
+    flood = None
+    try:
+        expect_200("scraper", "/metrics", "127.0.0.1", USER, PASSWORD)  # its one bcrypt
+        flood = subprocess.Popen(
+            [
+                sys.executable, "-m", "tests.support.auth_flood",
+                "--port", str(agent.port), "--ca", str(pki.ca),
+                "--clients", "48", "--seconds", "60",
+            ],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        assert flood.stdout is not None
+        assert flood.stdout.readline().strip() == "flooding"
+        time.sleep(1.0)  # bcrypt has found a few flood addresses wrong, not all 48
+        for i in range(5):
+            expect_200("new login", "/metrics", f"127.0.0.{11 + i}", f"new{i}", f"pw{i}")
+            for _ in range(3):
+                expect_200("scraper", "/metrics", "127.0.0.1", USER, PASSWORD)
+                expect_200("healthz", "/healthz", "127.0.0.2", "", "")
+                time.sleep(0.2)
+        # A reload (here a new response header) keeps what was verified under kept hashes.
+        write_web_config(
+            tmp_path / "flood-web.yml",
+            {**web, "http_server_config": {"headers": {"X-Frame-Options": "deny"}}},
+        )
+        deadline = time.monotonic() + 30
+        while "reloaded" not in agent.logs():
+            assert time.monotonic() < deadline, agent.logs()
+            expect_200("scraper", "/metrics", "127.0.0.1", USER, PASSWORD)
+            expect_200("healthz", "/healthz", "127.0.0.2", "", "")
+            time.sleep(0.2)
+        for i in range(5):
+            expect_200("scraper", "/metrics", "127.0.0.1", USER, PASSWORD)
+            expect_200("new login", "/metrics", f"127.0.0.{11 + i}", f"new{i}", f"pw{i}")
+        assert flood.poll() is None, "the flood ended before the checks did"
+    finally:
+        flooded: dict[str, int] = {}
+        if flood is not None:
+            flood.terminate()
+            out, _ = flood.communicate(timeout=10)
+            flooded = json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
+        agent.proc.terminate()
+        agent.proc.wait(10)
+    report = {kind: (len(values), round(max(values), 3)) for kind, values in latencies.items()}
+    print(f"answered 200 (count, slowest s) during a 48-client flood: {report}; flood: {flooded}")
+    assert all(max(values) < 1.0 for values in latencies.values()), report
+    assert flooded.get("401", 0) >= 50, flooded  # the flood kept bcrypt busy throughout
+    assert agent.proc.returncode == 0, agent.logs()

@@ -6,6 +6,7 @@ are made in tmp_path (tests/support/tls.py)."""
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import http.client
 import os
 import re
@@ -14,6 +15,7 @@ import socket
 import ssl
 import struct
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,7 +28,14 @@ import gpuscope.agent.web_config as web_config
 from gpuscope.agent.server import MetricsServer
 from gpuscope.agent.web_config import load_web_config
 from tests.support import wait_for
-from tests.support.tls import CLIENT_SAN, Pki, bcrypt_hash, make_pki, write_web_config
+from tests.support.tls import (
+    CLIENT_SAN,
+    Pki,
+    bcrypt_hash,
+    count_bcrypt_checks,
+    make_pki,
+    write_web_config,
+)
 
 BODY = b"# HELP demo_total A demo.\n# TYPE demo_total counter\ndemo_total 1\n"
 USER, PASSWORD = "prometheus", "correct horse"
@@ -174,14 +183,7 @@ def test_configured_headers_are_on_every_answer(
 def test_a_scraper_pays_bcrypt_once_not_on_every_scrape(
     serve: Callable[..., MetricsServer], pki: Pki, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    calls: list[bytes] = []
-    real = web_config._checkpw
-
-    def counting(password: bytes, hashed: bytes) -> bool:
-        calls.append(password)
-        return real(password, hashed)
-
-    monkeypatch.setattr(web_config, "_checkpw", counting)
+    calls = count_bcrypt_checks(monkeypatch)
     server = serve(with_users(tls_config(pki), cost=10))  # htpasswd's usual cost: ~100 ms
     context = client_context(pki)
     for _ in range(20):
@@ -498,6 +500,66 @@ def test_a_user_added_to_the_file_can_log_in_without_a_restart(
         "the new user let in",
     )
     assert get(server, context, auth=(USER, PASSWORD)).status == 200
+
+
+def test_a_reload_keeps_logins_under_unchanged_hashes_and_rechecks_a_changed_one(
+    serve: Callable[..., MetricsServer], pki: Pki, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reload once forgot every login, sending every scraper back to bcrypt (and, under a
+    wrong-password flood, to a 503) at each certificate renewal."""
+    calls = count_bcrypt_checks(monkeypatch)
+    config = with_users(tls_config(pki))
+    server = serve(config, web_reload_interval=0.1)
+    context = client_context(pki)
+    assert get(server, context, auth=(USER, PASSWORD)).status == 200
+    assert calls == [PASSWORD.encode()]
+
+    headers = {"headers": {"X-Frame-Options": "deny"}}
+    write_web_config(tmp_path / "web0.yml", {**config, "http_server_config": headers})
+    wait_for(
+        lambda: get(server, context, "/healthz").getheader("X-Frame-Options") == "deny",
+        10,
+        "the new header served",
+    )
+    assert get(server, context, auth=(USER, PASSWORD)).status == 200
+    assert calls == [PASSWORD.encode()]  # no bcrypt: the hash is the one it passed under
+
+    changed = {**config, "basic_auth_users": {USER: bcrypt_hash("new password")}}
+    write_web_config(tmp_path / "web0.yml", changed)
+    wait_for(
+        lambda: get(server, context, auth=(USER, "new password")).status == 200,
+        10,
+        "the new password accepted",
+    )
+    assert get(server, context, auth=(USER, PASSWORD)).status == 401  # checked, and refused
+
+
+def test_one_address_cannot_queue_more_than_a_few_credential_checks(
+    serve: Callable[..., MetricsServer], pki: Pki, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eight wrong passwords at once from one address, while bcrypt is busy: four wait for
+    it, the other three are answered 503 with Retry-After at once."""
+    gate = threading.Event()
+    real = web_config._checkpw
+
+    def slow(password: bytes, hashed: bytes) -> bool:
+        gate.wait(10)  # the first check holds bcrypt until every request has arrived
+        return real(password, hashed)
+
+    monkeypatch.setattr(web_config, "_checkpw", slow)
+    server = serve(with_users(tls_config(pki)))
+    context = client_context(pki)
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(get, server, context, auth=(USER, "guess")) for _ in range(8)]
+        wait_for(lambda: server.stats().auth_busy >= 3, 10, "three requests refused")
+        gate.set()
+        answers = [future.result() for future in futures]
+    statuses = sorted(answer.status for answer in answers)
+    # One in progress (if the worker took it before the rest arrived) and four waiting.
+    assert statuses in ([401] * 5 + [503] * 3, [401] * 4 + [503] * 4), statuses
+    busy = [answer for answer in answers if answer.status == 503]
+    assert all(answer.getheader("Retry-After") == "1" for answer in busy)
+    assert server.stats().unauthorized == statuses.count(401)
 
 
 def test_turning_tls_off_needs_a_restart(

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import bcrypt
+import pytest
 import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -134,3 +135,19 @@ def bcrypt_hash(password: str, cost: int = 4) -> str:
 def write_web_config(path: Path, config: dict[str, Any]) -> Path:
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
+
+
+def count_bcrypt_checks(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """The passwords the agent checks with bcrypt from now on, in order (the check still
+    runs): how a test sees that a remembered login costs no bcrypt."""
+    import gpuscope.agent.web_config as web_config
+
+    calls: list[bytes] = []
+    real = web_config._checkpw
+
+    def counting(password: bytes, hashed: bytes) -> bool:
+        calls.append(password)
+        return real(password, hashed)
+
+    monkeypatch.setattr(web_config, "_checkpw", counting)
+    return calls

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import os
 import ssl
+import time
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 
@@ -19,7 +21,13 @@ from gpuscope.agent.web_config import (
     load_web_config,
     parse_basic_authorization,
 )
-from tests.support.tls import Pki, bcrypt_hash, make_pki, write_web_config
+from tests.support.tls import (
+    Pki,
+    bcrypt_hash,
+    count_bcrypt_checks,
+    make_pki,
+    write_web_config,
+)
 
 
 @pytest.fixture(scope="module")
@@ -486,29 +494,15 @@ def test_parse_basic_authorization(header: str, expected: tuple[str, bytes] | No
     assert parse_basic_authorization(header) == expected
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+@pytest.fixture
+def bcrypt_calls(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    return count_bcrypt_checks(monkeypatch)
 
 
-def test_a_good_check_is_remembered_for_its_ttl_and_a_bad_one_never(
-    monkeypatch: pytest.MonkeyPatch,
+def test_a_good_check_is_remembered_while_the_hash_holds_and_a_bad_one_never(
+    bcrypt_calls: list[bytes],
 ) -> None:
-    import gpuscope.agent.web_config as web_config
-
-    clock = Clock()
-    auth = BasicAuth({"prom": bcrypt_hash("right").encode()}, ttl=60, clock=clock)
-    calls: list[bytes] = []
-    real = web_config._checkpw
-
-    def counting(password: bytes, hashed: bytes) -> bool:
-        calls.append(password)
-        return real(password, hashed)
-
-    monkeypatch.setattr(web_config, "_checkpw", counting)
+    auth = BasicAuth({"prom": bcrypt_hash("right").encode()})
     assert not auth.cached("prom", b"right")
     assert auth.verify("prom", b"right")
     assert all(auth.cached("prom", b"right") for _ in range(100))  # no bcrypt for these
@@ -516,17 +510,64 @@ def test_a_good_check_is_remembered_for_its_ttl_and_a_bad_one_never(
     assert not auth.verify("prom", b"wrong")
     assert not auth.cached("prom", b"wrong")
     assert not auth.verify("nobody", b"right")  # an unknown user pays bcrypt too
-    assert calls == [b"right", b"wrong", b"right"]
-    clock.now = 61.0
-    assert not auth.cached("prom", b"right")  # expired: the next request pays again
+    assert not auth.cached("nobody", b"right")
+    assert bcrypt_calls == [b"right", b"wrong", b"right"]
+    assert len(auth) == 1
 
 
-def test_the_memory_of_good_checks_is_bounded() -> None:
+def test_a_remembered_login_has_no_expiry() -> None:
+    """An expiring memory sent the regular scraper back to the bcrypt queue every minute,
+    where a wrong-password flood made it wait or refused it (#21)."""
+    auth = BasicAuth({"prom": bcrypt_hash("right").encode()})
+    assert auth.verify("prom", b"right")
+    a_day_later = time.monotonic() + 86_400
+    with (
+        mock.patch("time.monotonic", return_value=a_day_later),
+        mock.patch("time.time", return_value=time.time() + 86_400),
+    ):
+        assert auth.cached("prom", b"right")
+
+
+def test_a_reload_keeps_the_logins_of_users_whose_hash_is_unchanged(
+    bcrypt_calls: list[bytes],
+) -> None:
+    kept, changed = bcrypt_hash("pw1").encode(), bcrypt_hash("pw2").encode()
+    before = BasicAuth({"prom": kept, "grafana": changed, "gone": kept})
+    for user, password in (("prom", b"pw1"), ("grafana", b"pw2"), ("gone", b"pw1")):
+        assert before.verify(user, password)
+    bcrypt_calls.clear()
+    after = BasicAuth(
+        {"prom": kept, "grafana": bcrypt_hash("pw2").encode(), "new": kept}, previous=before
+    )
+    assert after.cached("prom", b"pw1")  # a certificate renewal costs the scraper nothing
+    assert not after.cached("grafana", b"pw2")  # a new hash (even of the same password)
+    assert not after.cached("gone", b"pw1")
+    assert not after.cached("new", b"pw1")
+    assert bcrypt_calls == []
+    assert not after.verify("grafana", b"pw1") and after.verify("grafana", b"pw2")
+
+
+def test_logins_are_remembered_under_a_per_process_key() -> None:
+    """The memory holds HMACs under a secret drawn at start: two agents with the same users
+    share nothing, and nothing in memory can be tested offline against a password list."""
+    users = {"prom": bcrypt_hash("right").encode()}
+    one, two = BasicAuth(users), BasicAuth(users)
+    assert one.verify("prom", b"right")
+    assert not two.cached("prom", b"right")
+    assert one._key("prom", b"right") != two._key("prom", b"right")
+    assert b"right" not in b"".join(one._good)
+
+
+def test_the_memory_of_good_checks_is_bounded_least_recently_used_out() -> None:
     users = {f"u{i}": bcrypt_hash("pw").encode() for i in range(5)}
     auth = BasicAuth(users, max_entries=3)
-    for i in range(5):
+    for i in range(3):
         assert auth.verify(f"u{i}", b"pw")
-    assert [auth.cached(f"u{i}", b"pw") for i in range(5)] == [False, False, True, True, True]
+    assert auth.cached("u0", b"pw")  # used again: u1 is now the oldest
+    for i in range(3, 5):
+        assert auth.verify(f"u{i}", b"pw")
+    assert [auth.cached(f"u{i}", b"pw") for i in range(5)] == [True, False, False, True, True]
+    assert len(auth) == 3
 
 
 def test_a_password_beyond_72_bytes_is_checked_as_bcrypt_reads_it() -> None:
