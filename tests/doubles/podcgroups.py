@@ -26,6 +26,7 @@ import contextlib
 import os
 import re
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -222,5 +223,20 @@ def spawn_in(cgroup: Cgroup, argv: Sequence[str], **popen: Any) -> subprocess.Po
     shell writes its pid into each `cgroup.procs`, then becomes `argv` (same pid). No
     preexec_fn, which is unsafe in a process with threads."""
     shell = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 97; shift; done; shift; exec "$@"'
-    procs = [str(d / "cgroup.procs") for d in cgroup.dirs]
-    return subprocess.Popen(["/bin/sh", "-c", shell, "sh", *procs, "--", *argv], **popen)
+    procs = [d / "cgroup.procs" for d in cgroup.dirs]
+    proc = subprocess.Popen(["/bin/sh", "-c", shell, "sh", *map(str, procs), "--", *argv], **popen)
+    # Return once it is in every one (or has ended), so that a caller checking at once
+    # finds it there: the shell's writes take a few milliseconds.
+    deadline = time.monotonic() + 10
+    while proc.poll() is None and time.monotonic() < deadline:
+        if all(str(proc.pid) in _read_or_empty(path).split() for path in procs):
+            break
+        time.sleep(0.002)
+    return proc
+
+
+def _read_or_empty(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
