@@ -25,6 +25,14 @@ SYSFS = HostFs("pci")  # one state for every caller: a failing file logs once pe
 LEVELS = ("pix", "pxb", "phb", "node", "sys")
 
 
+def sysfs_pci_address(bus_id: str) -> str:
+    """A vendor library's `00000000:18:00.0` (NVML's 8-digit domain) -> sysfs's `0000:18:00.0`."""
+    domain, _, rest = bus_id.partition(":")
+    if not rest:
+        return bus_id.lower()
+    return f"{int(domain, 16):04x}:{rest}".lower()
+
+
 @dataclass(frozen=True, slots=True)
 class PciLocation:
     address: str  # 0000:18:00.0

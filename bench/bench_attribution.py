@@ -36,8 +36,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.bench_gpu import proc_cpu_seconds, proc_rss_mb  # noqa: E402
-from gpuscope.agent.app import Agent  # noqa: E402
-from gpuscope.agent.config import parse  # noqa: E402
+from gpuscope.agent.app.agent import Agent  # noqa: E402
+from gpuscope.agent.app.config import parse  # noqa: E402
 from gpuscope.agent.k8s.pod_cgroup_usage import PodCgroupReader  # noqa: E402
 from tests.doubles.fakenvml.control import FakeNvml, ensure_built  # noqa: E402
 from tests.doubles.simnode import GIB, ContainerSpec, SimNode  # noqa: E402

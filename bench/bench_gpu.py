@@ -34,8 +34,8 @@ sys.path.insert(0, str(REPO))
 
 from prometheus_client import generate_latest  # noqa: E402
 
-from gpuscope.agent.app import Agent  # noqa: E402
-from gpuscope.agent.config import parse  # noqa: E402
+from gpuscope.agent.app.agent import Agent  # noqa: E402
+from gpuscope.agent.app.config import parse  # noqa: E402
 from gpuscope.agent.gpu import gpm  # noqa: E402
 from gpuscope.agent.gpu.nvml import Nvml  # noqa: E402
 from gpuscope.agent.gpu.source import GpuSource  # noqa: E402

@@ -43,8 +43,8 @@ def serve(config: str) -> None:
     """Run a MetricsServer with this web configuration until stdin closes; print its port."""
     from prometheus_client import CollectorRegistry
 
-    from gpuscope.agent.server import MetricsServer
-    from gpuscope.agent.web_config import load_web_config
+    from gpuscope.agent.serve.server import MetricsServer
+    from gpuscope.agent.serve.web_config import load_web_config
 
     web = load_web_config(Path(config)) if config else None
     server = MetricsServer(

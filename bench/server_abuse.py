@@ -11,7 +11,7 @@ descriptors, in four scenarios:
   * with 30 slowloris clients (each sends one byte of an endless request head a second,
     and reconnects when the server closes it);
   * with 1,000 idle connections (opened before, silent).
-`--baseline REV` measures agent/server.py of that git revision the same way, in the same
+`--baseline REV` measures agent/serve/server.py of that git revision the same way, in the same
 run (e.g. the threaded server before #12). `--agent` adds the real `gpuscope` process on
 the fake dgx-h100 node (GPU collector only), where a scrape is a real collection.
 """
@@ -54,7 +54,7 @@ def serve(source: Path | None, render_ms: float) -> None:
     """Run a MetricsServer on 127.0.0.1:0 until stdin closes; print its port first."""
     from prometheus_client import CollectorRegistry
 
-    from gpuscope.agent import server as current
+    from gpuscope.agent.serve import server as current
 
     module = current
     if source is not None:
@@ -329,7 +329,7 @@ def agent_process(tmp: Path) -> Iterator[tuple[int, int]]:
 
 def baseline_source(rev: str, tmp: Path) -> Path:
     text = subprocess.run(
-        ["git", "show", f"{rev}:agent/server.py"],
+        ["git", "show", f"{rev}:agent/serve/server.py"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -380,7 +380,9 @@ def main() -> None:
     p_scr.add_argument("--count", type=int, default=50)
     parser.add_argument("--scrapes", type=int, default=40)
     parser.add_argument("--render-ms", type=float, default=4.0)
-    parser.add_argument("--baseline", metavar="REV", help="also measure agent/server.py at REV")
+    parser.add_argument(
+        "--baseline", metavar="REV", help="also measure agent/serve/server.py at REV"
+    )
     parser.add_argument("--no-current", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--agent", action="store_true", help="also measure the real agent")
     args = parser.parse_args()
@@ -400,7 +402,10 @@ def main() -> None:
         if args.baseline:
             source = baseline_source(args.baseline, tmp)
             targets.append(
-                (f"agent/server.py@{args.baseline}", lambda: server_process(source, args.render_ms))
+                (
+                    f"agent/serve/server.py@{args.baseline}",
+                    lambda: server_process(source, args.render_ms),
+                )
             )
         if args.agent:
             targets.append(("gpuscope, fake dgx-h100", lambda: agent_process(tmp)))

@@ -2,6 +2,6 @@
 
 import sys
 
-from gpuscope.agent.cli import main
+from gpuscope.agent.app.cli import main
 
 sys.exit(main())

@@ -9,9 +9,12 @@ counts, also one inside a function or under `if TYPE_CHECKING:` (a lazy import t
 a circle is still a circle: the modules cannot be understood apart); `from X import name`
 counts as an import of the module `X.name` where that is a module, else of `X`.
 
-    python3 scripts/import-graph.py            # figures and circles
+    python3 scripts/import-graph.py            # figures, circles, upward imports
     python3 scripts/import-graph.py --json     # the same, for a script
     python3 scripts/import-graph.py --root DIR # another checkout
+
+Layers: `LAYERS` below is the house's layer table; tests/unit/test_layers.py fails on any
+import from a lower layer to a higher one and on any circle.
 
 Levels: a module that imports none of the others is on level 1; any other is one level
 above the highest module it imports (a circle counts as one module). Exit status 0,
@@ -28,6 +31,52 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 PACKAGES = {"agent": "gpuscope.agent", "exporters": "gpuscope.exporters"}
+
+# The layers of the house, lowest first (docs/architecture.md, "Layers"). A module may import
+# its own layer and those below. The base layer lists single modules; every other layer
+# lists rooms (a package and everything in it), so a new room is in no layer until placed. Data
+# flows up: sources read the world into records, stages enrich them, exporters render them,
+# the server serves the rendering, the app wires it all and is imported by nothing.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        "base",  # pure helpers with no knowledge of any part
+        (
+            "gpuscope",
+            "gpuscope.agent",
+            "gpuscope.agent.bounded",
+            "gpuscope.agent.clock",
+            "gpuscope.agent.hostfs",
+            "gpuscope.agent.logs",
+            "gpuscope.agent.name_patterns",
+            "gpuscope.agent.pci",
+        ),
+    ),
+    ("runtime", ("gpuscope.agent.runtime",)),  # source contract, guarded runs, declarations
+    ("sources", ("gpuscope.agent.gpu", "gpuscope.agent.net", "gpuscope.agent.k8s")),
+    ("stages", ("gpuscope.agent.attribution",)),
+    ("exporters", ("gpuscope.exporters",)),
+    ("serve", ("gpuscope.agent.serve",)),
+    (
+        "app",  # entry points, configuration, the registry, wiring
+        (
+            "gpuscope.agent.app",
+            "gpuscope.agent.labels",
+            "gpuscope.agent.check",
+            "gpuscope.__main__",
+        ),
+    ),
+)
+
+
+def layer_of(module: str) -> tuple[int, str] | None:
+    """(rank, layer name) of a module: the base module it is, else the room it is in."""
+    best: tuple[int, int, str] | None = None
+    for rank, (layer, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            named = module == prefix or (rank > 0 and module.startswith(prefix + "."))
+            if named and (best is None or len(prefix) > best[1]):
+                best = (rank, len(prefix), layer)
+    return None if best is None else (best[0], best[2])
 
 
 def modules_of(root: Path) -> dict[str, Path]:
@@ -154,6 +203,22 @@ def measure(root: Path) -> dict[str, object]:
     }
 
 
+def check_layers(root: Path) -> dict[str, list[str]]:
+    """Imports that point from a lower layer to a higher one, and modules in no layer."""
+    known = modules_of(root)
+    upward, unplaced = [], []
+    for name, path in sorted(known.items()):
+        mine = layer_of(name)
+        if mine is None:
+            unplaced.append(name)
+            continue
+        for target in sorted(imports_of(name, path, known)):
+            theirs = layer_of(target)
+            if theirs is not None and theirs[0] > mine[0]:
+                upward.append(f"{name} ({mine[1]}) -> {target} ({theirs[1]})")
+    return {"upward": upward, "unplaced": unplaced}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parent.parent)
@@ -161,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         figures = measure(args.root)
+        figures.update(check_layers(args.root))
     except (SyntaxError, OSError) as exc:
         print(f"import-graph: {exc}", file=sys.stderr)
         return 2
@@ -177,6 +243,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"circle of {len(circle['modules'])}:")
         for edge in circle["imports"]:
             print(f"  {edge.replace('gpuscope.', '')}")
+    for key, title in (("upward", "upward imports"), ("unplaced", "modules in no layer")):
+        found = figures[key]
+        assert isinstance(found, list)
+        print(f"{len(found)} {title}")
+        for line in found:
+            print(f"  {line.replace('gpuscope.', '')}")
     return 0
 
 

@@ -11,7 +11,7 @@ from gpuscope.agent.attribution.cause import (
 )
 from gpuscope.agent.attribution.retention import DEFAULT_GRACE, DEFAULT_MAX_WORKLOADS
 from gpuscope.agent.k8s.podresources.gpus import DEFAULT_GPU_RESOURCES
-from gpuscope.agent.options import ConfigError, flag, names
+from gpuscope.agent.runtime.options import ConfigError, flag, names
 
 
 def _resources(flag_name: str, text: str) -> tuple[str, ...]:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from gpuscope.agent.hostfs import Reason
 from gpuscope.agent.k8s.pod_cgroup_usage import PodCgroupUsage
 from gpuscope.agent.k8s.workloads import Workload
-from gpuscope.agent.sources import Collection
+from gpuscope.agent.runtime.sources import Collection
 
 
 @dataclass(frozen=True, slots=True)

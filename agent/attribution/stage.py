@@ -51,7 +51,7 @@ from gpuscope.agent.k8s.records import PodMeta
 from gpuscope.agent.k8s.workloads import Workload
 from gpuscope.agent.net.collector import NET
 from gpuscope.agent.net.records import NetSnapshot
-from gpuscope.agent.sources import Collection, describe
+from gpuscope.agent.runtime.sources import Collection, describe
 
 log = logging.getLogger("gpuscope.attribution")
 

@@ -14,7 +14,7 @@ from typing import Any
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuscope.agent.app import Agent
+from gpuscope.agent.app.agent import Agent
 
 MIB = 1024 * 1024
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpuscope.agent import logs
-from gpuscope.agent.app import Agent
+from gpuscope.agent.app.agent import Agent
 from gpuscope.agent.check import DESCRIPTION, SUMMARY
 from gpuscope.agent.check.accounting import check_busy, check_idle
 from gpuscope.agent.check.common import FAIL, Check, say, scrape

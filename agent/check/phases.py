@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuscope.agent.app import Agent
+from gpuscope.agent.app.agent import Agent
 from gpuscope.agent.check.common import Metrics, say, scrape
 from gpuscope.agent.check.load import Load
 from gpuscope.agent.check.stream import StreamRecorder

@@ -9,10 +9,10 @@ from typing import Any
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuscope.agent.app import Agent
+from gpuscope.agent.app.agent import Agent
+from gpuscope.agent.app.config import parse
 from gpuscope.agent.check.common import Check, verdict
 from gpuscope.agent.check.session import agent_argv
-from gpuscope.agent.config import parse
 from gpuscope.exporters.prometheus.collector import GpuscopeCollector
 
 # Families the default detail level serves only while they apply (exporters/prometheus/

@@ -7,9 +7,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from gpuscope.agent.app import Agent
+from gpuscope.agent.app.agent import Agent
+from gpuscope.agent.app.config import parse
 from gpuscope.agent.check.common import FAIL, Check, say, scrape, value
-from gpuscope.agent.config import parse
 from gpuscope.agent.gpu.nvml import Nvml
 from gpuscope.agent.gpu.source import GpuSource
 

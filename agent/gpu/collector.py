@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuscope.agent.collector import BuildContext, Collector
 from gpuscope.agent.gpu.records import GpuSnapshot
-from gpuscope.agent.options import flag, number
-from gpuscope.agent.sources import Source
+from gpuscope.agent.runtime.options import flag, number
+from gpuscope.agent.runtime.sources import Source
+from gpuscope.agent.runtime.spec import BuildContext, Collector
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from typing import Any
 from gpuscope.agent.gpu import fields
 from gpuscope.agent.gpu.nvml import NOT_FOUND, GpuLost, Nvml, text
 from gpuscope.agent.gpu.records import GpuIdentity, GpuIntegrals, GpuReading, MigInstance, NvLink
+from gpuscope.agent.pci import sysfs_pci_address
 
 log = logging.getLogger("gpuscope.gpu")
 
@@ -92,14 +93,6 @@ def discover(nvml: Nvml, index: int, sysfs: Path) -> Device:
         numa_node=int(numa) if numa is not None and int(numa) >= 0 else None,
     )
     return Device(handle=handle, identity=identity)
-
-
-def sysfs_pci_address(nvml_bus_id: str) -> str:
-    """NVML's `00000000:18:00.0` -> sysfs's `0000:18:00.0`."""
-    domain, _, rest = nvml_bus_id.partition(":")
-    if not rest:
-        return nvml_bus_id.lower()
-    return f"{int(domain, 16):04x}:{rest}".lower()
 
 
 def numa_node_from_sysfs(sysfs: Path, bus_id: str) -> int | None:

@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from gpuscope.agent.sources import SourceUnavailable
+from gpuscope.agent.runtime.sources import SourceUnavailable
 
 log = logging.getLogger("gpuscope.gpu.nvml")
 

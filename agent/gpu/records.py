@@ -201,3 +201,8 @@ class GpuSnapshot:
     # UUIDs of the GPUs whose process list NVML refused (a MIG GPU without CAP_SYS_ADMIN,
     # through its parent and every MIG device handle): their per-pod memory is missing.
     processes_refused: frozenset[str] = frozenset()
+
+    @property
+    def pci_bus_ids(self) -> tuple[str, ...]:
+        """Each GPU's PCI address in index order ("" where NVML gave none)."""
+        return tuple(g.identity.pci_bus_id for g in self.gpus)

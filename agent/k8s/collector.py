@@ -12,12 +12,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuscope.agent.collector import BuildContext, Collector
 from gpuscope.agent.k8s.podresources.records import KubeletSnapshot
 from gpuscope.agent.k8s.records import PodsSnapshot
 from gpuscope.agent.k8s.workloads import DEFAULT_ORDER, RESOLVERS
-from gpuscope.agent.options import ConfigError, flag, names
-from gpuscope.agent.sources import Source
+from gpuscope.agent.runtime.options import ConfigError, flag, names
+from gpuscope.agent.runtime.sources import Source
+from gpuscope.agent.runtime.spec import BuildContext, Collector
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,10 +17,10 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from gpuscope.agent.collector import BuildContext, Collector
 from gpuscope.agent.k8s.dra_records import DEFAULT_DRA_DRIVERS, DraSnapshot
-from gpuscope.agent.options import ConfigError, flag, names
-from gpuscope.agent.sources import Source
+from gpuscope.agent.runtime.options import ConfigError, flag, names
+from gpuscope.agent.runtime.sources import Source
+from gpuscope.agent.runtime.spec import BuildContext, Collector
 
 
 def _drivers(flag_name: str, text: str) -> tuple[str, ...]:

@@ -31,7 +31,7 @@ from gpuscope.agent.clock import Clock, SystemClock
 from gpuscope.agent.k8s import dra
 from gpuscope.agent.k8s.dra_records import DEFAULT_DRA_DRIVERS, DraSnapshot
 from gpuscope.agent.k8s.listwatch import ListWatch
-from gpuscope.agent.sources import SourceStale, SourceUnavailable
+from gpuscope.agent.runtime.sources import SourceStale, SourceUnavailable
 
 
 class DraSource:

@@ -28,7 +28,7 @@ from pathlib import Path
 from gpuscope.agent.clock import Clock, SystemClock
 from gpuscope.agent.k8s.podresources.client import PodResourcesClient
 from gpuscope.agent.k8s.podresources.records import KubeletSnapshot
-from gpuscope.agent.sources import SourceUnavailable
+from gpuscope.agent.runtime.sources import SourceUnavailable
 
 log = logging.getLogger("gpuscope.k8s.kubelet")
 

@@ -20,7 +20,7 @@ from gpuscope.agent.clock import Clock, SystemClock
 from gpuscope.agent.k8s.pods import PodWatcher
 from gpuscope.agent.k8s.records import PodsSnapshot
 from gpuscope.agent.k8s.workloads import DEFAULT_ORDER
-from gpuscope.agent.sources import SourceStale, SourceUnavailable
+from gpuscope.agent.runtime.sources import SourceStale, SourceUnavailable
 
 
 class PodsSource:

@@ -7,10 +7,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuscope.agent.collector import BuildContext, Collector
 from gpuscope.agent.net.records import NetSnapshot, NicSnapshot, RdmaSnapshot
-from gpuscope.agent.options import NoOptions, flag, one_of
-from gpuscope.agent.sources import Source
+from gpuscope.agent.runtime.options import NoOptions, flag, one_of
+from gpuscope.agent.runtime.sources import Source
+from gpuscope.agent.runtime.spec import BuildContext, Collector
 
 # Map sizes the kernel can allocate, checked at parse time (a larger one was accepted, then
 # failed at load with "Argument list too long"). A hash map takes at most 2**27 entries (its

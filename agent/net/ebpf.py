@@ -23,7 +23,7 @@ from typing import Any
 
 from gpuscope.agent.net.bpf_program import MAP_INDEX, MapLimits, ProbePlan, program_text
 from gpuscope.agent.net.compiler_pages import release_compiler_pages
-from gpuscope.agent.sources import SourceUnavailable
+from gpuscope.agent.runtime.sources import SourceUnavailable
 
 log = logging.getLogger("gpuscope.net.bpf")
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from gpuscope.agent.hostfs import HostFs, label_text
 from gpuscope.agent.net.records import NicReading, NicSnapshot
-from gpuscope.agent.sources import SourceUnavailable, StatelessSource
+from gpuscope.agent.runtime.sources import SourceUnavailable, StatelessSource
 
 MEGABIT = 125_000  # bytes per second in one Mb/s, the unit of `speed`
 SPEED_UNKNOWN = 0xFFFFFFFF  # SPEED_UNKNOWN read back through an unsigned format

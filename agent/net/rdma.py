@@ -31,7 +31,7 @@ from typing import Literal
 from gpuscope.agent.hostfs import HostFs, label_text
 from gpuscope.agent.net.nic import SYSFS
 from gpuscope.agent.net.records import RdmaDevice, RdmaPort, RdmaSnapshot
-from gpuscope.agent.sources import SourceUnavailable, StatelessSource
+from gpuscope.agent.runtime.sources import SourceUnavailable, StatelessSource
 
 Kind = Literal["error", "congestion"]
 ERROR: Kind = "error"

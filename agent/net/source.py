@@ -27,7 +27,7 @@ from gpuscope.agent.net.records import (
     NetSnapshot,
     PodNetwork,
 )
-from gpuscope.agent.sources import SourceUnavailable
+from gpuscope.agent.runtime.sources import SourceUnavailable
 
 log = logging.getLogger("gpuscope.net")
 

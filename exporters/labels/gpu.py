@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from gpuscope.agent.bounded import HASH_LENGTH
 from gpuscope.agent.gpu import xid_catalog
 from gpuscope.agent.gpu.records import GpuReading, GpuSnapshot, GpuTopology
-from gpuscope.agent.placement import NetworkPlacement
+from gpuscope.agent.net.placement import NetworkPlacement
 from gpuscope.exporters.labels.validation import validate
 from gpuscope.exporters.labels.values import MAX_LENGTH, label_value
 

@@ -10,7 +10,7 @@ attribution stage's.
 
 from __future__ import annotations
 
-from gpuscope.agent.registry import COLLECTORS
+from gpuscope.agent.app.registry import COLLECTORS
 from gpuscope.exporters.prometheus.catalog_inputs import INPUT_METRICS
 from gpuscope.exporters.prometheus.catalog_pods import ATTRIBUTION_METRICS
 from gpuscope.exporters.prometheus.render import renderer_of

@@ -17,18 +17,18 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 import gpuscope
-from gpuscope.agent.config import Config
+from gpuscope.agent.app.config import Config
+from gpuscope.agent.app.registry import BY_NAME
 from gpuscope.agent.gpu.collector import GPU
-from gpuscope.agent.registry import BY_NAME
-from gpuscope.agent.scrape import Scrape
-from gpuscope.agent.self_stats import ProcessStats
-from gpuscope.agent.sources import SourceResult
+from gpuscope.agent.runtime.self_stats import ProcessStats
+from gpuscope.agent.runtime.sources import SourceResult
 from gpuscope.exporters.prometheus import catalog
 from gpuscope.exporters.prometheus.attribution import render_attribution
 from gpuscope.exporters.prometheus.detail import MetricSelection
 from gpuscope.exporters.prometheus.families import Families
 from gpuscope.exporters.prometheus.pod_bound import PodBound, per_pod_sources
 from gpuscope.exporters.prometheus.render import RenderContext, Renderer, renderer_of
+from gpuscope.exporters.scrape import Scrape
 
 log = logging.getLogger("gpuscope.exporter")
 

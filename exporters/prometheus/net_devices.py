@@ -14,7 +14,7 @@ from gpuscope.agent.net.records import (
     RdmaPort,
     RdmaSnapshot,
 )
-from gpuscope.agent.options import NoOptions
+from gpuscope.agent.runtime.options import NoOptions
 from gpuscope.exporters.prometheus.catalog_nic import NIC_METRICS, RDMA_METRICS
 from gpuscope.exporters.prometheus.families import Families
 from gpuscope.exporters.prometheus.render import RenderContext, Renderer

@@ -15,7 +15,7 @@ from functools import cache
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from gpuscope.agent.attribution.records import Attribution
-from gpuscope.agent.collector import Collector
+from gpuscope.agent.runtime.spec import Collector
 from gpuscope.exporters.prometheus.spec import MetricSpec
 
 if TYPE_CHECKING:

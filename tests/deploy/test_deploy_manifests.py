@@ -7,7 +7,7 @@ these manifests assume.
   against the oldest Kubernetes gpuscope supports (1.30: ValidatingAdmissionPolicy is GA) and
   the newest it ships schemas for. PodMonitor and PrometheusRule are CRDs it has no schema
   for; their fields are checked here by what they must do.
-- The DaemonSet's flags go through the agent's own parser (`agent.config.parse`), so a typo
+- The DaemonSet's flags go through the agent's own parser (`agent.app.config.parse`), so a typo
   fails here rather than crash-looping on every node, and each host path a flag names is
   mounted from the host path it means.
 - The PodMonitor's and docs/deploy.md's relabelings are applied to a target as Prometheus
@@ -32,7 +32,7 @@ import pytest
 import yaml
 
 import gpuscope
-from gpuscope.agent.config import Config, parse
+from gpuscope.agent.app.config import Config, parse
 from gpuscope.agent.k8s.collector import KUBELET
 from gpuscope.agent.net.collector import NET
 from gpuscope.agent.net.ebpf import TRACEFS_CANDIDATES

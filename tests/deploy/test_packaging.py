@@ -52,7 +52,7 @@ def test_wheel_installs_exactly_one_import_name(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith(".dist-info")}
     assert top == {"gpuscope"}
-    assert "gpuscope/agent/cli.py" in names
+    assert "gpuscope/agent/app/cli.py" in names
     assert "gpuscope/exporters/prometheus/collector.py" in names
     # Every module of the checkout is in the wheel (the links were followed, not dropped).
     for tree in ("agent", "exporters"):
@@ -94,7 +94,7 @@ def test_console_script_runs_from_a_venv_with_only_the_wheel(venv: Path, tmp_pat
     )
     assert re.fullmatch(r"gpuscope \d+\.\d+\.\d+\n", run.stdout)
     where = subprocess.check_output(
-        [str(python), "-c", "import gpuscope.agent.cli as m; print(m.__file__)"],
+        [str(python), "-c", "import gpuscope.agent.app.cli as m; print(m.__file__)"],
         cwd=tmp_path,
         text=True,
     )

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from gpuscope.agent.server import MetricsServer
+from gpuscope.agent.serve.server import MetricsServer
 from tests.doubles.make_sysfs import write_tree
 from tests.support import InProcess
 from tests.support.promtext import Exposition

@@ -17,7 +17,7 @@ import pytest
 from gpuscope.agent.k8s.client import make_client
 from gpuscope.agent.k8s.dra_records import DraSnapshot
 from gpuscope.agent.k8s.dra_source import DraSource
-from gpuscope.agent.sources import SourceStale, SourceUnavailable
+from gpuscope.agent.runtime.sources import SourceStale, SourceUnavailable
 from tests.doubles.kube_apiserver import (
     KubeApiServer,
     claim_container,

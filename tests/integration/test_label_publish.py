@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from lightkube import Client
 
-from gpuscope.agent.app import Agent
+from gpuscope.agent.app.agent import Agent
+from gpuscope.agent.app.config import parse
 from gpuscope.agent.clock import ManualClock
-from gpuscope.agent.config import parse
 from gpuscope.agent.gpu.source import GpuSource
-from gpuscope.agent.labels_loop import LabelsLoop, make_publisher
-from gpuscope.agent.sources import RETRY_FIRST
+from gpuscope.agent.labels.loop import LabelsLoop, make_publisher
+from gpuscope.agent.runtime.sources import RETRY_FIRST
 from gpuscope.exporters.labels.gpu import gpu_labels
 from gpuscope.exporters.labels.publish import NodePublisher
 from tests.doubles.fakenvml.control import FakeNvml
@@ -295,7 +295,7 @@ def test_the_first_start_without_a_driver_says_present_false(node: Node, api) ->
 def test_an_invalid_label_is_dropped_and_the_rest_land(
     node: Node, api, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    import gpuscope.agent.labels_loop as labels_loop
+    import gpuscope.agent.labels.loop as labels_loop
 
     server, _ = api
     real = labels_loop.gpu_labels

@@ -176,13 +176,13 @@ def test_no_fabric_no_domain_labels(inprocess) -> None:
 
 
 def test_topology_annotation_matrices(inprocess, tmp_path: Path) -> None:
-    from gpuscope.agent.placement import network_placement
+    from gpuscope.agent.net.placement import network_placement
     from gpuscope.exporters.labels.gpu import topology_annotation
 
     h = inprocess("dgx-h100")
     snap = snapshot(h)
     sysfs = write_tree(tmp_path / "sys")
-    doc_text = topology_annotation(snap, network_placement(sysfs, snap))
+    doc_text = topology_annotation(snap, network_placement(sysfs, snap.pci_bus_ids))
     assert len(doc_text.encode()) < 16 * 1024
     doc = json.loads(doc_text)
     assert doc["v"] == 1 and len(doc["gpus"]) == 8
@@ -193,7 +193,9 @@ def test_topology_annotation_matrices(inprocess, tmp_path: Path) -> None:
     # The ConnectX-7 sharing GPU i's PCIe switch is "pix" to it; GPUs on the other socket "sys".
     rdma_rows = [row for nic, row in zip(doc["nics"], doc["gpu_nic"], strict=True) if nic["rdma"]]
     assert sum(row.count("pix") for row in rdma_rows) == 8
-    assert doc_text == topology_annotation(snap, network_placement(sysfs, snap))  # stable
+    assert doc_text == topology_annotation(
+        snap, network_placement(sysfs, snap.pci_bus_ids)
+    )  # stable
 
 
 def test_pcie_only_node_matrix_uses_pcie_levels(inprocess) -> None:

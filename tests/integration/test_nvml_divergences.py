@@ -144,8 +144,8 @@ def test_fabric_registration_completing_after_start_reaches_the_labels(inprocess
     """On Hopper/Blackwell with NVSwitch, Fabric Manager registration can complete after
     the agent started: the NVLink-domain labels appear on the next labels round, without a
     restart; before it completes, no domain is claimed and no status is read."""
-    from gpuscope.agent.config import parse
-    from gpuscope.agent.labels_loop import LabelsLoop
+    from gpuscope.agent.app.config import parse
+    from gpuscope.agent.labels.loop import LabelsLoop
 
     def registering(fake: Any) -> None:
         for g in range(fake.gpu_count()):

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gpuscope.agent.server import MetricsServer
+from gpuscope.agent.serve.server import MetricsServer
 from tests.support import wait_for
 
 pytestmark = pytest.mark.slow

@@ -1,7 +1,7 @@
-"""The HTTP server with a web configuration (agent/server.py, agent/web_config.py) over real
-loopback sockets: HTTPS with basic auth, client certificates, the real curl, the header
-deadline over an unfinished TLS handshake, and what bcrypt costs a scraper. Certificates
-are made in tmp_path (tests/support/tls.py)."""
+"""The HTTP server with a web configuration (agent/serve/server.py,
+agent/serve/web_config.py) over real loopback sockets: HTTPS with basic auth, client
+certificates, the real curl, the header deadline over an unfinished TLS handshake, and what
+bcrypt costs a scraper. Certificates are made in tmp_path (tests/support/tls.py)."""
 
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-import gpuscope.agent.web_config as web_config
-from gpuscope.agent.server import MetricsServer
-from gpuscope.agent.web_config import load_web_config
+import gpuscope.agent.serve.web_config as web_config
+from gpuscope.agent.serve.server import MetricsServer
+from gpuscope.agent.serve.web_config import load_web_config
 from tests.support import wait_for
 from tests.support.tls import (
     CLIENT_SAN,

@@ -105,7 +105,7 @@ def test_net_collector_loads_and_serves_pod_series_in_the_real_binary(
 
 def test_a_gpu_only_agent_never_imports_bcc() -> None:
     code = (
-        "import sys; from agent.app import Agent; from agent.config import parse;"
+        "import sys; from agent.app.agent import Agent; from agent.app.config import parse;"
         "a = Agent(parse(['--listen', ':0', '--collectors', 'gpu,nic,rdma'], env={}));"
         "a.start(); a.collector.render_text(); a.stop();"
         "print('bcc' in sys.modules)"

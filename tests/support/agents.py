@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import generate_latest
 
-from gpuscope.agent.app import Agent
+from gpuscope.agent.app.agent import Agent
+from gpuscope.agent.app.config import parse
 from gpuscope.agent.clock import ManualClock
-from gpuscope.agent.config import parse
 from gpuscope.agent.gpu.source import GpuSource
 from tests.doubles.fakenvml.control import FakeNvml
 from tests.support.common import GPUSCOPE, HEADERS, REPO, T0, free_port

@@ -140,7 +140,7 @@ def write_web_config(path: Path, config: dict[str, Any]) -> Path:
 def count_bcrypt_checks(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
     """The passwords the agent checks with bcrypt from now on, in order (the check still
     runs): how a test sees that a remembered login costs no bcrypt."""
-    import gpuscope.agent.web_config as web_config
+    import gpuscope.agent.serve.web_config as web_config
 
     calls: list[bytes] = []
     real = web_config._checkpw

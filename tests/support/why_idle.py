@@ -16,7 +16,7 @@ from gpuscope.agent.k8s.podresources.records import (
 from gpuscope.agent.k8s.records import PodMeta, PodsSnapshot
 from gpuscope.agent.k8s.workloads import Workload
 from gpuscope.agent.net.records import NetSnapshot, PodNetwork
-from gpuscope.agent.sources import Collection, SourceResult
+from gpuscope.agent.runtime.sources import Collection, SourceResult
 
 G0 = "GPU-00000000-0000-4000-8000-000000000000"
 

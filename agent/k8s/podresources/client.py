@@ -35,7 +35,7 @@ import grpc
 
 from gpuscope.agent.k8s.podresources.records import ContainerDevices, Device, PodDevices
 from gpuscope.agent.k8s.podresources.v1 import api_pb2, api_pb2_grpc
-from gpuscope.agent.sources import SourceUnavailable
+from gpuscope.agent.runtime.sources import SourceUnavailable
 
 DEFAULT_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import gpuscope
-from gpuscope.agent.config import ConfigError, parse
+from gpuscope.agent.app.config import ConfigError, parse
 from gpuscope.agent.gpu.collector import GPU
 from tests.support import GPUSCOPE, REPO
 

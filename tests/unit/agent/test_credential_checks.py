@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from gpuscope.agent.credential_checks import CredentialChecks, Verdict, client_key
+from gpuscope.agent.serve.credential_checks import CredentialChecks, Verdict, client_key
 
 
 class Recorder:

@@ -9,8 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from prometheus_client import generate_latest
 
-from gpuscope.agent.app import Agent
-from gpuscope.agent.config import parse
+from gpuscope.agent.app.agent import Agent
+from gpuscope.agent.app.config import parse
 from tests.support.promtext import Exposition
 
 DEADLINE = 0.5

@@ -8,9 +8,9 @@ import http.client
 import threading
 import time
 
-from gpuscope.agent.app import Agent
-from gpuscope.agent.config import parse
-from gpuscope.agent.server import MetricsServer
+from gpuscope.agent.app.agent import Agent
+from gpuscope.agent.app.config import parse
+from gpuscope.agent.serve.server import MetricsServer
 from tests.unit.agent.test_deadlines import Gate
 
 

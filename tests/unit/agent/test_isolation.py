@@ -6,11 +6,11 @@ import logging
 
 from prometheus_client import generate_latest
 
-from gpuscope.agent.app import Agent
+from gpuscope.agent.app.agent import Agent
+from gpuscope.agent.app.config import parse
 from gpuscope.agent.clock import ManualClock
-from gpuscope.agent.config import parse
 from gpuscope.agent.gpu.collector import GPU
-from gpuscope.agent.sources import SourceUnavailable
+from gpuscope.agent.runtime.sources import SourceUnavailable
 from gpuscope.exporters.prometheus.collector import GpuscopeCollector
 from gpuscope.exporters.prometheus.render import Renderer
 from tests.support.promtext import Exposition

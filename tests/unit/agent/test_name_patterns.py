@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from gpuscope.agent.config import ConfigError, parse
+from gpuscope.agent.app.config import ConfigError, parse
 from gpuscope.agent.name_patterns import PatternError, compile_name_pattern
 from gpuscope.exporters.prometheus.detail import MetricSelection
 from gpuscope.exporters.prometheus.spec import MetricSpec

@@ -9,17 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from gpuscope.agent.app import build_sources
-from gpuscope.agent.clock import ManualClock
-from gpuscope.agent.config import (
+from gpuscope.agent.app.agent import build_sources
+from gpuscope.agent.app.config import (
     FLAG_TABLE_BEGIN,
     FLAG_TABLE_END,
     all_flags,
     flag_table,
     parse,
 )
-from gpuscope.agent.options import ConfigError
-from gpuscope.agent.registry import COLLECTORS, DEFAULT_COLLECTORS
+from gpuscope.agent.app.registry import COLLECTORS, DEFAULT_COLLECTORS
+from gpuscope.agent.clock import ManualClock
+from gpuscope.agent.runtime.options import ConfigError
 from gpuscope.exporters.prometheus.catalog import METRICS
 from gpuscope.exporters.prometheus.render import renderer_of
 

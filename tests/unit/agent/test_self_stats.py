@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from gpuscope.agent.self_stats import read_process_stats
+from gpuscope.agent.runtime.self_stats import read_process_stats
 
 
 def _status_kib(field: str) -> int:
@@ -40,7 +40,7 @@ def test_threads_and_files_are_counted_as_they_come_and_go() -> None:
     code = """
 import contextlib, json, threading
 from pathlib import Path
-from gpuscope.agent.self_stats import read_process_stats
+from gpuscope.agent.runtime.self_stats import read_process_stats
 before = read_process_stats()
 stop = threading.Event()
 threads = [threading.Thread(target=stop.wait) for _ in range(5)]

@@ -1,4 +1,4 @@
-"""The HTTP server (agent/server.py) over real loopback sockets: listen addresses, methods,
+"""The HTTP server (agent/serve/server.py) over real loopback sockets: listen addresses, methods,
 sizes, HEAD, keep-alive, gzip, the probes while a render blocks, deadlines and the
 connection cap. The abuse figures (a thousand idle connections, slowloris) are in
 tests/integration/test_server_abuse.py."""
@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from gpuscope.agent.options import ConfigError
-from gpuscope.agent.server import MetricsServer, parse_listen_address
+from gpuscope.agent.runtime.options import ConfigError
+from gpuscope.agent.serve.server import MetricsServer, parse_listen_address
 from tests.support import wait_for
 
 # Larger than the kernel's send buffer can grow to (tcp_wmem: 4 MiB by default) plus a small
@@ -658,7 +658,7 @@ def test_stop_does_not_wait_for_a_hung_render(
 def test_all_addresses_fall_back_to_ipv4_on_a_host_without_ipv6(
     serve: Callable[..., MetricsServer], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gpuscope.agent import server as server_module
+    from gpuscope.agent.serve import server as server_module
 
     real = server_module._listen
 

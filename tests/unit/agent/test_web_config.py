@@ -1,4 +1,4 @@
-"""`--web-config-file` (agent/web_config.py): every key of exporter-toolkit's format that
+"""`--web-config-file` (agent/serve/web_config.py): every key of exporter-toolkit's format that
 gpuscope reads, and every way a file is refused, with the one line a user sees. The server
 side (TLS, 401s, headers) is in tests/integration/test_server_tls.py."""
 
@@ -13,9 +13,9 @@ from unittest import mock
 
 import pytest
 
-from gpuscope.agent.config import parse
-from gpuscope.agent.options import ConfigError
-from gpuscope.agent.web_config import (
+from gpuscope.agent.app.config import parse
+from gpuscope.agent.runtime.options import ConfigError
+from gpuscope.agent.serve.web_config import (
     BasicAuth,
     WebConfig,
     load_web_config,

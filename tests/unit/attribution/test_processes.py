@@ -17,7 +17,7 @@ from gpuscope.agent.clock import ManualClock
 from gpuscope.agent.gpu.records import GpuIdentity, GpuProcess, GpuReading, GpuSnapshot
 from gpuscope.agent.hostfs import HostFs
 from gpuscope.agent.k8s.cgroups import PodCgroup
-from gpuscope.agent.sources import Collection, SourceResult
+from gpuscope.agent.runtime.sources import Collection, SourceResult
 
 UID = "eadf4777-07b8-449a-873e-2a219705c38d"
 CID = "a" * 64

@@ -24,7 +24,7 @@ from gpuscope.agent.gpu.records import (
 )
 from gpuscope.agent.k8s.pods import PodWatcher, pod_meta, scheduled_at
 from gpuscope.agent.k8s.records import PodMeta, PodsSnapshot
-from gpuscope.agent.sources import Collection, SourceResult
+from gpuscope.agent.runtime.sources import Collection, SourceResult
 from tests.doubles.kube_apiserver import KubeApiServer
 from tests.doubles.kube_apiserver import pod as pod_object
 from tests.support import wait_for

@@ -11,6 +11,7 @@ import logging
 
 import pytest
 
+from gpuscope.agent.app.config import ConfigError, parse
 from gpuscope.agent.attribution.cause import CAUSES
 from gpuscope.agent.attribution.idle import GpuIdleInput, IdleAccountant
 from gpuscope.agent.attribution.options import AttributionOptions
@@ -18,7 +19,6 @@ from gpuscope.agent.attribution.records import GpuHolding
 from gpuscope.agent.attribution.retention import WorkloadRetention
 from gpuscope.agent.attribution.stage import Attributor
 from gpuscope.agent.clock import ManualClock
-from gpuscope.agent.config import ConfigError, parse
 from gpuscope.agent.k8s.workloads import Workload
 from gpuscope.exporters.prometheus.attribution import render_attribution
 from gpuscope.exporters.prometheus.families import Families

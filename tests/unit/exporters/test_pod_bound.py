@@ -11,6 +11,7 @@ import re
 
 import pytest
 
+from gpuscope.agent.app.config import ConfigError, parse
 from gpuscope.agent.attribution.records import (
     Attribution,
     GpuHolding,
@@ -20,15 +21,14 @@ from gpuscope.agent.attribution.records import (
     PodRef,
     PodSignals,
 )
-from gpuscope.agent.config import ConfigError, parse
 from gpuscope.agent.k8s.pod_cgroup_usage import PodCgroupUsage, Pressure
 from gpuscope.agent.k8s.workloads import Workload
 from gpuscope.agent.net.records import RTT_SLOTS, NetSnapshot, PodNetwork
-from gpuscope.agent.scrape import Scrape
-from gpuscope.agent.sources import Collection, SourceResult
+from gpuscope.agent.runtime.sources import Collection, SourceResult
 from gpuscope.exporters.prometheus.catalog import BY_NAME
 from gpuscope.exporters.prometheus.collector import GpuscopeCollector
 from gpuscope.exporters.prometheus.pod_bound import is_per_pod
+from gpuscope.exporters.scrape import Scrape
 from tests.support.netmetrics import promtool_check
 from tests.support.promtext import Exposition
 

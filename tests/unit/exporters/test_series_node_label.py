@@ -12,9 +12,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from gpuscope.agent.app import Agent
+from gpuscope.agent.app.agent import Agent
+from gpuscope.agent.app.config import parse
 from gpuscope.agent.clock import ManualClock
-from gpuscope.agent.config import parse
 from gpuscope.exporters.prometheus.families import Families
 from tests.support.netmetrics import promtool_check
 from tests.support.promtext import Exposition

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from gpuscope.agent.app.config import ConfigError, parse
 from gpuscope.agent.clock import ManualClock
-from gpuscope.agent.config import ConfigError, parse
 from gpuscope.agent.gpu.gate import Blocked, Gate, GpuGates, Job
 from tests.support import wait_for
 

@@ -18,7 +18,7 @@ import pytest
 
 from gpuscope.agent.k8s.kubelet_source import MAX_ANSWER_BYTES, KubeletSource
 from gpuscope.agent.k8s.podresources.v1 import api_pb2
-from gpuscope.agent.sources import SourceRunner
+from gpuscope.agent.runtime.sources import SourceRunner
 from tests.doubles.kubelet_server import KubeletServer, container, devices, pod
 from tests.support import REPO
 

@@ -27,7 +27,7 @@ from gpuscope.agent.k8s.pod_cgroup_usage import (
 )
 from gpuscope.agent.k8s.records import PodMeta, PodsSnapshot
 from gpuscope.agent.k8s.workloads import Workload
-from gpuscope.agent.sources import Collection, SourceResult
+from gpuscope.agent.runtime.sources import Collection, SourceResult
 
 UID = "eadf4777-07b8-449a-873e-2a219705c38d"
 OTHER = "0b6a3f1e-5a4d-4c1b-9f8e-7d6c5b4a3928"

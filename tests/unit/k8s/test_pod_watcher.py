@@ -15,7 +15,7 @@ from lightkube import Client, KubeConfig
 from gpuscope.agent.k8s.pods import PodWatcher
 from gpuscope.agent.k8s.pods_source import PodsSource
 from gpuscope.agent.k8s.records import PodsSnapshot
-from gpuscope.agent.sources import SourceResult, SourceRunner
+from gpuscope.agent.runtime.sources import SourceResult, SourceRunner
 from tests.doubles.kube_apiserver import KubeApiServer
 from tests.support import wait_for
 

@@ -22,7 +22,7 @@ from gpuscope.agent.k8s.podresources import (
     match_gpus,
 )
 from gpuscope.agent.k8s.podresources.v1 import api_pb2
-from gpuscope.agent.sources import SourceUnavailable, describe
+from gpuscope.agent.runtime.sources import SourceUnavailable, describe
 from tests.doubles.kubelet_server import KubeletServer, claim, container, devices, pod
 
 GPU0 = "GPU-8f2c1d90-3e5a-4b17-9c2e-5da9abb51763"

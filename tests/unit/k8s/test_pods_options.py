@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuscope.agent.config import ConfigError, parse
+from gpuscope.agent.app.config import ConfigError, parse
 from gpuscope.agent.k8s.collector import PODS
 
 

@@ -4,8 +4,8 @@ with gpu.healthy 0, until an absence is confirmed for the whole grace."""
 from __future__ import annotations
 
 from gpuscope.agent.gpu.records import GpuIdentity, GpuReading, GpuSnapshot
-from gpuscope.agent.labels_hold import AbsenceClock, Reading, classify, decide
-from gpuscope.agent.sources import SourceResult
+from gpuscope.agent.labels.hold import AbsenceClock, Reading, classify, decide
+from gpuscope.agent.runtime.sources import SourceResult
 
 P = "gpuscope.io/"
 LAST = {

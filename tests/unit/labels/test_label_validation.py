@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuscope.agent.config import ConfigError, parse
+from gpuscope.agent.app.config import ConfigError, parse
 from gpuscope.exporters.labels.gpu import model_key_name
 from gpuscope.exporters.labels.validation import key_problem, validate, value_problem
 from gpuscope.exporters.labels.values import label_value

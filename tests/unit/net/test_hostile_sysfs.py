@@ -15,7 +15,7 @@ import pytest
 from gpuscope.agent.net.nic import NicReading, NicSnapshot, NicSource, read_nics
 from gpuscope.agent.net.rdma import RdmaSource, read_rdma
 from gpuscope.agent.pci import locate
-from gpuscope.agent.sources import SourceRunner
+from gpuscope.agent.runtime.sources import SourceRunner
 from gpuscope.exporters.prometheus.net_devices import render_nic, render_rdma
 from tests.doubles.make_sysfs import gpu_node
 from tests.support.netmetrics import promtool_check, render, scrape

@@ -12,7 +12,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from gpuscope.agent.net.nic import NicReading, NicSnapshot, NicSource, read_nics
-from gpuscope.agent.sources import SourceRunner, SourceUnavailable
+from gpuscope.agent.runtime.sources import SourceRunner, SourceUnavailable
 from gpuscope.exporters.prometheus.families import Families
 from gpuscope.exporters.prometheus.net_devices import render_nic
 from tests.doubles.make_sysfs import Node, gpu_node, write_tree

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from gpuscope.agent.app import Agent
-from gpuscope.agent.config import parse
+from gpuscope.agent.app.agent import Agent
+from gpuscope.agent.app.config import parse
 from gpuscope.agent.net.nic import NicSource, read_nics
 from gpuscope.agent.net.rdma import (
     HW_COUNTERS,
@@ -24,7 +24,7 @@ from gpuscope.agent.net.rdma import (
     parse_state,
     read_rdma,
 )
-from gpuscope.agent.sources import SourceRunner, SourceUnavailable
+from gpuscope.agent.runtime.sources import SourceRunner, SourceUnavailable
 from gpuscope.exporters.prometheus.families import Families
 from gpuscope.exporters.prometheus.net_devices import render_nic, render_rdma
 from tests.doubles.make_sysfs import MLX5_HW_COUNTERS, gpu_node

@@ -121,7 +121,7 @@ class Collection:
 
 
 class Keyed(Protocol[R_co]):
-    """A collector's declaration as a typed key (agent/collector.py `Collector`)."""
+    """A collector's declaration as a typed key (agent/runtime/spec.py `Collector`)."""
 
     @property
     def name(self) -> str: ...

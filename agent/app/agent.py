@@ -15,15 +15,13 @@ from typing import Any
 
 from prometheus_client.registry import CollectorRegistry
 
+from gpuscope.agent.app.config import Config
+from gpuscope.agent.app.registry import BY_NAME
 from gpuscope.agent.attribution.stage import Attributor
 from gpuscope.agent.clock import Clock, SystemClock
-from gpuscope.agent.collector import BuildContext
-from gpuscope.agent.config import Config
 from gpuscope.agent.k8s.pod_cgroup_usage import CgroupRoots, PodCgroupReader
-from gpuscope.agent.registry import BY_NAME
-from gpuscope.agent.scrape import ATTRIBUTION_STAGE, Scrape
-from gpuscope.agent.self_stats import read_process_stats
-from gpuscope.agent.sources import (
+from gpuscope.agent.runtime.self_stats import read_process_stats
+from gpuscope.agent.runtime.sources import (
     STALE_MAX,
     Collection,
     Source,
@@ -33,7 +31,9 @@ from gpuscope.agent.sources import (
     StatelessSource,
     describe,
 )
+from gpuscope.agent.runtime.spec import BuildContext
 from gpuscope.exporters.prometheus.collector import GpuscopeCollector
+from gpuscope.exporters.scrape import ATTRIBUTION_STAGE, Scrape
 
 log = logging.getLogger("gpuscope")
 
@@ -56,7 +56,7 @@ class MissingDependency(StatelessSource):
 
 
 def build_sources(config: Config, clock: Clock, *, background: bool = True) -> list[Source[Any]]:
-    """The enabled collectors' sources, built from their declarations (agent/registry.py)."""
+    """The enabled collectors' sources, built from their declarations (agent/app/registry.py)."""
     sources: list[Source[Any]] = []
     for name in config.collectors:
         collector = BY_NAME[name]
@@ -71,7 +71,7 @@ def build_sources(config: Config, clock: Clock, *, background: bool = True) -> l
 class _Stage:
     """A stage after the sources (attribution) on a thread of its own, against a deadline.
 
-    Like a source's worker (agent/sources.py): at most one run in flight; a run still going
+    Like a source's worker (agent/runtime/sources.py): at most one run in flight; a run still going
     when the deadline passes leaves the stage *stuck*, and the scrape is answered with the
     stage's last good result (up to `STALE_MAX` old) instead of waiting for it.
     """

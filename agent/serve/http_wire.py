@@ -1,7 +1,7 @@
 """HTTP/1.x on the wire, as much of it as a metrics endpoint needs: find the end of a
 request head, parse it strictly, and write a response head.
 
-Kept apart from the server (agent/server.py) so the rules are pure functions a test can
+Kept apart from the server (agent/serve/server.py) so the rules are pure functions a test can
 feed bytes to: what a request may look like is decided here, when and where it is read
 is decided there. Anything this module rejects raises `RequestError` with the status to
 answer; the server answers it and closes the connection, because after a malformed head

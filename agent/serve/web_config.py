@@ -9,7 +9,7 @@ validated. Any problem is a `ConfigError` with one line naming the key, so the a
 before it serves anything. Relative paths are relative to the file's folder, as in
 exporter-toolkit. The server reads the file again when it or a certificate file changes (a
 renewed certificate), keeping the previous configuration if the new one does not load
-(agent/server.py, `_WebReloader`).
+(agent/serve/server.py, `_WebReloader`).
 
 Where Python's `ssl` cannot do what the Go server does, the file is refused with a line
 that says so, never served differently from what it asks: `client_auth_type:
@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuscope.agent.options import ConfigError
+from gpuscope.agent.runtime.options import ConfigError
 
 __all__ = [
     "BasicAuth",

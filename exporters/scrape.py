@@ -1,13 +1,14 @@
 """What one scrape renders: the sources' collection, the attribution stage's result and the
-agent's own process figures. Built by `Agent.collect` (agent/app.py), read by the exporters."""
+agent's own process figures. Built by `Agent.collect` (agent/app/agent.py), read by every
+exporter: the exporters define what they are handed."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from gpuscope.agent.attribution.records import Attribution
-from gpuscope.agent.self_stats import ProcessStats
-from gpuscope.agent.sources import Collection, SourceResult
+from gpuscope.agent.runtime.self_stats import ProcessStats
+from gpuscope.agent.runtime.sources import Collection, SourceResult
 
 ATTRIBUTION_STAGE = "attribution"  # its status is exported as collector="attribution"
 

@@ -10,7 +10,7 @@ replaced held 1,012 threads for 1,000 idle connections). Every wait has a deadli
 every buffer a cap; the limits are constructor keywords, documented in
 docs/architecture.md ("The HTTP server").
 
-With a web configuration (`--web-config-file`, agent/web_config.py) the same loop serves
+With a web configuration (`--web-config-file`, agent/serve/web_config.py) the same loop serves
 TLS and checks basic auth. The TLS handshake runs inside the connection's header deadline:
 a connection is admitted and its deadline started when TCP accepts it, and the handshake is
 then started on it, so a client that never finishes its handshake is cut exactly like one
@@ -18,7 +18,7 @@ that never finishes its request, and counts against `max_connections` meanwhile.
 auth is checked before routing, on every path but /healthz and /readyz (the kubelet's
 probes carry no credentials; they show no workload data): a remembered success is answered
 on the loop, a new one is checked with bcrypt on a thread of its own, in an order that lets
-no flood of wrong passwords starve a right one (agent/credential_checks.py).
+no flood of wrong passwords starve a right one (agent/serve/credential_checks.py).
 """
 
 from __future__ import annotations
@@ -43,8 +43,9 @@ from typing import Any
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, choose_encoder
 from prometheus_client.registry import CollectorRegistry
 
-from gpuscope.agent.credential_checks import CredentialChecks, Verdict, client_key
-from gpuscope.agent.http_wire import (
+from gpuscope.agent.runtime.options import ConfigError
+from gpuscope.agent.serve.credential_checks import CredentialChecks, Verdict, client_key
+from gpuscope.agent.serve.http_wire import (
     Request,
     RequestError,
     accepts_gzip,
@@ -52,8 +53,7 @@ from gpuscope.agent.http_wire import (
     parse_head,
     response_head,
 )
-from gpuscope.agent.options import ConfigError
-from gpuscope.agent.web_config import (
+from gpuscope.agent.serve.web_config import (
     BasicAuth,
     RateLimit,
     WebConfig,
@@ -437,7 +437,7 @@ class MetricsServer:
         return _Answer(401, b"Unauthorized\n", [("WWW-Authenticate", "Basic")])
 
     def verify_for(self, connection: _Connection, request: Request, user: str, pw: bytes) -> None:
-        """Queue a bcrypt check of the credentials (agent/credential_checks.py), then hand
+        """Queue a bcrypt check of the credentials (agent/serve/credential_checks.py), then hand
         the verdict to `connection` on the loop. The check reads the configuration in force
         when its turn comes: a reload while it waited decides against the new hashes."""
         loop = self._loop

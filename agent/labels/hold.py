@@ -23,7 +23,7 @@ from gpuscope.agent.gpu.nvml import (  # the source's own wording, not a copy of
     _init_failure,
 )
 from gpuscope.agent.gpu.records import GpuSnapshot
-from gpuscope.agent.sources import SourceResult
+from gpuscope.agent.runtime.sources import SourceResult
 
 # What the GPU collector reports when NVML cannot start because there is no driver at all:
 # the only failures that count towards a confirmed absence.

@@ -7,7 +7,7 @@ reads every GPU, and prints a table (default) or JSON (`--output json`).
 Its flags are its own argparse parser (a subparser of `gpuscope`'s, so `gpuscope --help`
 lists the command and `gpuscope labels --help` shows these), but the agent flags it takes
 are the agent's declared ones: same help, same GPUSCOPE_* variables, same checks
-(agent/config.py parses them), so `gpuscope labels` inside the agent's pod sees the node, the
+(agent/app/config.py parses them), so `gpuscope labels` inside the agent's pod sees the node, the
 host's /sys and the label prefix the agent does.
 """
 
@@ -19,13 +19,13 @@ import sys
 from collections.abc import Sequence
 
 from gpuscope.agent import logs
-from gpuscope.agent.config import ConfigError, all_flags, parse
+from gpuscope.agent.app.config import ConfigError, all_flags, parse
 from gpuscope.agent.gpu.collector import GPU
 from gpuscope.agent.gpu.records import GpuSnapshot
 from gpuscope.agent.gpu.source import GpuConfig, GpuSource
-from gpuscope.agent.options import Flag
-from gpuscope.agent.placement import network_placement
-from gpuscope.agent.sources import SourceUnavailable
+from gpuscope.agent.net.placement import network_placement
+from gpuscope.agent.runtime.options import Flag
+from gpuscope.agent.runtime.sources import SourceUnavailable
 from gpuscope.exporters.labels.gpu import gpu_labels, topology_annotation
 from gpuscope.exporters.labels.validation import validate
 
@@ -115,7 +115,7 @@ def labels_main(argv: Sequence[str]) -> int:
     finally:
         source.stop()
 
-    placement = network_placement(config.agent.sysfs, snapshot)
+    placement = network_placement(config.agent.sysfs, snapshot.pci_bus_ids if snapshot else ())
     annotations = (
         {f"{prefix}topology": topology_annotation(snapshot, placement)}
         if snapshot is not None and snapshot.gpus

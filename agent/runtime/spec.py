@@ -1,5 +1,5 @@
 """How a collector declares itself: one `Collector` value beside its code, listed once in
-`agent/registry.py`. Everything else (flags, `Config`, the sources the agent builds, the
+`agent/app/registry.py`. Everything else (flags, `Config`, the sources the agent builds, the
 renderers and metrics the exporter uses, docs/metrics.md, the README's flag table) is
 derived from these declarations.
 
@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from gpuscope.agent.clock import Clock
-from gpuscope.agent.sources import Source
+from gpuscope.agent.runtime.sources import Source
 
 if TYPE_CHECKING:  # config imports the registry, which imports the declarations
-    from gpuscope.agent.config import AgentOptions
+    from gpuscope.agent.app.config import AgentOptions
 
 R = TypeVar("R")  # the records the collector's source returns
 O = TypeVar("O")  # the collector's options dataclass  # noqa: E741

@@ -1,7 +1,7 @@
 """Keeps the node's labels true: recomputed every `--labels-interval` seconds and within a
 second of a GPU being lost or coming back (the sampler notices without an NVML call).
 
-Labels hold through faults (agent/labels_hold.py): a GPU collector that fails keeps the
+Labels hold through faults (agent/labels/hold.py): a GPU collector that fails keeps the
 labels last published, read back from the Node (or NodeFeature, or features file) after a
 restart, with `gpu.healthy` 0; only an absence confirmed for `--labels-absence-grace`
 seconds withdraws them. Every key and value is validated before a write: one that is not a
@@ -19,14 +19,14 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from gpuscope.agent.app.config import Config
 from gpuscope.agent.clock import Clock, SystemClock
-from gpuscope.agent.config import Config
 from gpuscope.agent.gpu.collector import GPU
 from gpuscope.agent.gpu.records import GpuSnapshot
 from gpuscope.agent.gpu.source import GpuSource
-from gpuscope.agent.labels_hold import AbsenceClock, Decision, Reading, classify, decide
-from gpuscope.agent.placement import network_placement
-from gpuscope.agent.sources import SourceRunner
+from gpuscope.agent.labels.hold import AbsenceClock, Decision, Reading, classify, decide
+from gpuscope.agent.net.placement import network_placement
+from gpuscope.agent.runtime.sources import SourceRunner
 from gpuscope.exporters.labels.gpu import gpu_labels, topology_annotation
 from gpuscope.exporters.labels.publish import (
     NodeFeaturePublisher,
@@ -172,7 +172,7 @@ class LabelsLoop:
             log.info("node labels published (%s)", self._config.labels.labels_mode)
 
     def _decide(self, reading: Reading, confirmed: bool, snap: GpuSnapshot | None) -> Decision:
-        placement = network_placement(self._config.agent.sysfs, snap)
+        placement = network_placement(self._config.agent.sysfs, snap.pci_bus_ids if snap else ())
         prefix = self._config.labels.label_prefix
         labels = gpu_labels(snap, prefix, network=placement)
         annotations = (

@@ -1,7 +1,7 @@
 """The agent's configuration, derived from the declared options of every part.
 
-Flags come from the option dataclasses (agent/options.py): the agent-wide ones below, one
-set per collector (agent/registry.py), the attribution stage's and node labels'. Each flag
+Flags come from the option dataclasses (agent/runtime/options.py): the agent-wide ones below, one
+set per collector (agent/app/registry.py), the attribution stage's and node labels'. Each flag
 has a `GPUSCOPE_*` environment variable (flags win). Bad values end the program with one
 line naming the flag and what is wrong, before any source starts: a DaemonSet with a typo
 should crash-loop with a readable reason.
@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from gpuscope.agent.app.registry import BY_NAME, COLLECTORS, DEFAULT_COLLECTORS
 from gpuscope.agent.attribution.options import AttributionOptions
-from gpuscope.agent.collector import Collector
-from gpuscope.agent.labels_options import LabelsOptions
+from gpuscope.agent.labels.options import LabelsOptions
 from gpuscope.agent.name_patterns import pattern_problem
-from gpuscope.agent.options import ConfigError, Flag, flag, flags_of, names, number, one_of
-from gpuscope.agent.registry import BY_NAME, COLLECTORS, DEFAULT_COLLECTORS
-from gpuscope.agent.web_config import WebConfig, load_web_config
+from gpuscope.agent.runtime.options import ConfigError, Flag, flag, flags_of, names, number, one_of
+from gpuscope.agent.runtime.spec import Collector
+from gpuscope.agent.serve.web_config import WebConfig, load_web_config
 
 __all__ = ["AgentOptions", "Config", "ConfigError", "all_flags", "build_parser", "parse"]
 
@@ -31,7 +31,7 @@ O = TypeVar("O")  # noqa: E741
 
 
 def _listen(flag_name: str, text: str) -> tuple[str, int]:
-    from gpuscope.agent.server import parse_listen_address  # the server binds what it parses
+    from gpuscope.agent.serve.server import parse_listen_address  # the server binds what it parses
 
     return parse_listen_address(flag_name, text)
 

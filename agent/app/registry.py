@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuscope.agent.collector import Collector
 from gpuscope.agent.gpu.collector import GPU
 from gpuscope.agent.k8s.collector import KUBELET, PODS
 from gpuscope.agent.k8s.dra_collector import DRA
 from gpuscope.agent.net.collector import NET, NIC, RDMA
+from gpuscope.agent.runtime.spec import Collector
 
 COLLECTORS: tuple[Collector[Any, Any], ...] = (GPU, NET, NIC, RDMA, KUBELET, PODS, DRA)
 

@@ -1,15 +1,16 @@
-"""Where the RDMA NICs sit relative to the GPUs, for node labels: read from sysfs."""
+"""Where the RDMA NICs sit relative to the accelerators, for node labels: read from sysfs.
+
+Takes the accelerators' PCI addresses, not their records: the network side knows no vendor."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuscope.agent.gpu.device import sysfs_pci_address
-from gpuscope.agent.gpu.records import GpuSnapshot
 from gpuscope.agent.net.nic import read_nics
-from gpuscope.agent.pci import locate, nic_affinity, relationship
-from gpuscope.agent.sources import SourceUnavailable
+from gpuscope.agent.pci import locate, nic_affinity, relationship, sysfs_pci_address
+from gpuscope.agent.runtime.sources import SourceUnavailable
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,17 +23,14 @@ class NetworkPlacement:
     gpu_nic: tuple[tuple[str, bool, tuple[str, ...]], ...] = ()
 
 
-def network_placement(sysfs: Path, snapshot: GpuSnapshot | None) -> NetworkPlacement | None:
-    """RDMA NICs and their PCIe distance to the GPUs; None when sysfs has no network class."""
+def network_placement(sysfs: Path, gpu_bus_ids: Sequence[str]) -> NetworkPlacement | None:
+    """RDMA NICs and their PCIe distance to the GPUs (their PCI addresses in index order, ""
+    where unknown); None when sysfs has no network class."""
     try:
         nics = read_nics(sysfs).nics
     except SourceUnavailable:
         return None
-    gpus = [
-        locate(sysfs, sysfs_pci_address(g.identity.pci_bus_id))
-        for g in (snapshot.gpus if snapshot else ())
-        if g.identity.pci_bus_id
-    ]
+    gpus = [locate(sysfs, sysfs_pci_address(bus_id)) for bus_id in gpu_bus_ids if bus_id]
     located = [(n, where) for n in nics if n.pci_bus_id and (where := locate(sysfs, n.pci_bus_id))]
     gpu_nic = tuple(
         (n.device, n.rdma, tuple(relationship(g, where) if g else "" for g in gpus))

@@ -16,14 +16,15 @@ import threading
 from collections.abc import Sequence
 
 from gpuscope.agent import check as first_contact
-from gpuscope.agent import labels_cli, logs
-from gpuscope.agent.app import Agent
-from gpuscope.agent.config import Config, ConfigError, parse
-from gpuscope.agent.config import build_parser as agent_parser
+from gpuscope.agent import logs
+from gpuscope.agent.app.agent import Agent
+from gpuscope.agent.app.config import Config, ConfigError, parse
+from gpuscope.agent.app.config import build_parser as agent_parser
 from gpuscope.agent.gpu.collector import GPU
 from gpuscope.agent.gpu.source import GpuSource
-from gpuscope.agent.labels_loop import LabelsLoop, make_publisher
-from gpuscope.agent.server import MetricsServer
+from gpuscope.agent.labels import cli as labels_cli
+from gpuscope.agent.labels.loop import LabelsLoop, make_publisher
+from gpuscope.agent.serve.server import MetricsServer
 
 log = logging.getLogger("gpuscope")
 
@@ -32,7 +33,7 @@ EXIT_RUNTIME = 1
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The agent's flags (declared in agent/config.py) and the commands."""
+    """The agent's flags (declared in agent/app/config.py) and the commands."""
     parser = agent_parser()
     commands = parser.add_subparsers(
         dest="command",

@@ -1,4 +1,4 @@
-"""Options of node-label publishing (agent/labels_loop.py), kept apart so that parsing the
+"""Options of node-label publishing (agent/labels/loop.py), kept apart so that parsing the
 command line does not import the labels machinery."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuscope.agent.options import ConfigError, flag, one_of
+from gpuscope.agent.runtime.options import ConfigError, flag, one_of
 from gpuscope.exporters.labels.validation import prefix_problem
 
 
