@@ -36,6 +36,7 @@ from prometheus_client import generate_latest  # noqa: E402
 
 from gpuscope.agent.app.agent import Agent  # noqa: E402
 from gpuscope.agent.app.config import parse  # noqa: E402
+from gpuscope.agent.app.exposition import catalog  # noqa: E402
 from gpuscope.agent.gpu import gpm  # noqa: E402
 from gpuscope.agent.gpu.nvml import Nvml  # noqa: E402
 from gpuscope.agent.gpu.source import GpuSource  # noqa: E402
@@ -133,7 +134,7 @@ def bench_gpm_render(state: Path, rounds: int) -> dict[str, float]:
             gpm_on = i % 2 == 0
             snapshot = with_gpm if gpm_on else without
             t = time.perf_counter()
-            out = Families()
+            out = Families(catalog())
             render_gpu(snapshot, out)
             out.render_text()
             times[gpm_on].append(time.perf_counter() - t)

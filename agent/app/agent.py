@@ -16,6 +16,7 @@ from typing import Any
 from prometheus_client.registry import CollectorRegistry
 
 from gpuscope.agent.app.config import Config
+from gpuscope.agent.app.exposition import exposition_of
 from gpuscope.agent.app.registry import BY_NAME
 from gpuscope.agent.attribution.stage import Attributor
 from gpuscope.agent.clock import Clock, SystemClock
@@ -187,7 +188,7 @@ class Agent:
             pod_signals=_pod_signals(config, self.clock),
         )
         self.registry = CollectorRegistry(auto_describe=False)
-        self.collector = GpuscopeCollector(self.collect, config)
+        self.collector = GpuscopeCollector(self.collect, exposition_of(config))
         self.registry.register(self.collector)
         self._start_lock = threading.Lock()
         self._started = threading.Event()

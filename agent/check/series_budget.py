@@ -11,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpuscope.agent.app.agent import Agent
 from gpuscope.agent.app.config import parse
+from gpuscope.agent.app.exposition import exposition_of
 from gpuscope.agent.check.common import Check, verdict
 from gpuscope.agent.check.session import agent_argv
 from gpuscope.exporters.prometheus.collector import GpuscopeCollector
@@ -40,7 +41,9 @@ def series_by_gpu(text_out: str) -> dict[str, Counter[str]]:
 def check_series_budget(agent: Agent, args: Any) -> Check:
     """What a real GPU costs in series at each detail level: the default level within the
     budget once the exceptions a real GPU may have are set apart."""
-    default = GpuscopeCollector(agent.collect, parse(agent_argv(args, "default"), env={}))
+    default = GpuscopeCollector(
+        agent.collect, exposition_of(parse(agent_argv(args, "default"), env={}))
+    )
     levels = {
         "default": series_by_gpu(default.render_text().decode()),
         "full": series_by_gpu(generate_latest(agent.registry).decode()),

@@ -11,23 +11,37 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, TypeVar
+from pathlib import Path
+from typing import Generic, Protocol, TypeVar
 
 from gpuscope.agent.clock import Clock
 from gpuscope.agent.runtime.sources import Source
 
-if TYPE_CHECKING:  # config imports the registry, which imports the declarations
-    from gpuscope.agent.app.config import AgentOptions
-
 R = TypeVar("R")  # the records the collector's source returns
 O = TypeVar("O")  # the collector's options dataclass  # noqa: E741
+
+
+class HostOptions(Protocol):
+    """The agent-wide options a source may read: where the host is and who this node is.
+
+    The agent's `AgentOptions` (agent/app/config.py) has these fields and more; a declaration
+    sees only these, so the runtime knows nothing of the app that configures it."""
+
+    @property
+    def procfs(self) -> Path: ...
+    @property
+    def sysfs(self) -> Path: ...
+    @property
+    def node_name(self) -> str: ...
+    @property
+    def kubeconfig(self) -> Path | None: ...
 
 
 @dataclass(frozen=True, slots=True)
 class BuildContext(Generic[O]):
     """What `Collector.build` gets: the agent-wide options and the collector's own."""
 
-    agent: AgentOptions  # host roots, node name, kubeconfig
+    agent: HostOptions  # host roots, node name, kubeconfig
     options: O
     clock: Clock
     background: bool  # False: tests drive background work (sampler ticks, polls) by hand

@@ -1,22 +1,28 @@
 """Every metric gpuscope exports: the public contract, in one place.
 
-The exporter refuses to emit a metric that is not declared here or with labels other than
-those declared, and `docs/metrics.md` is generated from this table (a test fails when the
+The exporter refuses to emit a metric that is not in its `Catalog` or with labels other than
+those declared, and `docs/metrics.md` is generated from the catalog (a test fails when the
 two drift), so the documentation cannot lie about the output. Each collector's renderer
-declares its metrics (usually from its `catalog_<collector>.py`); this module assembles them
-in export order: the agent's own, every collector's in registry order, then the
-attribution stage's.
+declares its metrics (usually from its `catalog_<collector>.py`); `Catalog.assemble` puts
+them in export order: the agent's own, every collector's in the order given (the
+registry's), then the attribution stage's.
+
+The catalog is a value handed to the exporter, not looked up: which collectors exist is the
+app's knowledge (agent/app/registry.py, `catalog()`), and the exporters import nothing of
+the app.
 """
 
 from __future__ import annotations
 
-from gpuscope.agent.app.registry import COLLECTORS
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
 from gpuscope.exporters.prometheus.catalog_inputs import INPUT_METRICS
 from gpuscope.exporters.prometheus.catalog_pods import ATTRIBUTION_METRICS
-from gpuscope.exporters.prometheus.render import renderer_of
 from gpuscope.exporters.prometheus.spec import MetricSpec
 
-__all__ = ["BY_NAME", "METRICS", "ORDER", "MetricSpec"]
+__all__ = ["Catalog", "MetricSpec"]
 
 AGENT_METRICS: tuple[MetricSpec, ...] = (
     # --- the agent itself -------------------------------------------------------------------
@@ -117,13 +123,37 @@ PROCESS_METRICS: tuple[MetricSpec, ...] = (
     ),
 )
 
-METRICS: tuple[MetricSpec, ...] = (
-    *AGENT_METRICS,
-    *PROCESS_METRICS,
-    *(m for c in COLLECTORS if (r := renderer_of(c)) is not None for m in r.metrics),
-    *ATTRIBUTION_METRICS,
-    *INPUT_METRICS,
-)
 
-BY_NAME: dict[str, MetricSpec] = {m.name: m for m in METRICS}
-ORDER: dict[str, int] = {m.name: i for i, m in enumerate(METRICS)}
+@dataclass(frozen=True, eq=False)
+class Catalog:
+    """The metrics one agent may export, in export order. Compared and hashed by identity:
+    an agent builds one and the per-catalog caches (families.py) key on it."""
+
+    metrics: tuple[MetricSpec, ...]
+    by_name: Mapping[str, MetricSpec] = field(init=False)
+    order: Mapping[str, int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        by_name = {m.name: m for m in self.metrics}
+        if len(by_name) != len(self.metrics):
+            twice = [name for name, n in Counter(m.name for m in self.metrics).items() if n > 1]
+            raise ValueError(f"metrics declared twice: {', '.join(twice)}")
+        object.__setattr__(self, "by_name", by_name)
+        object.__setattr__(self, "order", {m.name: i for i, m in enumerate(self.metrics)})
+
+    @classmethod
+    def assemble(cls, collectors_metrics: Iterable[tuple[MetricSpec, ...]]) -> Catalog:
+        """The agent's own metrics, each collector's (in the order given), the attribution
+        stage's and its inputs'."""
+        return cls(
+            (
+                *AGENT_METRICS,
+                *PROCESS_METRICS,
+                *(m for metrics in collectors_metrics for m in metrics),
+                *ATTRIBUTION_METRICS,
+                *INPUT_METRICS,
+            )
+        )
+
+    def of_source(self, source: str) -> tuple[MetricSpec, ...]:
+        return tuple(m for m in self.metrics if m.source == source)

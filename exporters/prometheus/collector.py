@@ -11,42 +11,56 @@ from __future__ import annotations
 import logging
 import platform
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 import gpuscope
-from gpuscope.agent.app.config import Config
-from gpuscope.agent.app.registry import BY_NAME
 from gpuscope.agent.gpu.collector import GPU
 from gpuscope.agent.runtime.self_stats import ProcessStats
 from gpuscope.agent.runtime.sources import SourceResult
-from gpuscope.exporters.prometheus import catalog
 from gpuscope.exporters.prometheus.attribution import render_attribution
+from gpuscope.exporters.prometheus.catalog import Catalog
 from gpuscope.exporters.prometheus.detail import MetricSelection
 from gpuscope.exporters.prometheus.families import Families
 from gpuscope.exporters.prometheus.pod_bound import PodBound, per_pod_sources
-from gpuscope.exporters.prometheus.render import RenderContext, Renderer, renderer_of
-from gpuscope.exporters.scrape import Scrape
+from gpuscope.exporters.prometheus.render import RenderContext, Renderer
+from gpuscope.exporters.scrape import ATTRIBUTION_STAGE, Scrape
 
 log = logging.getLogger("gpuscope.exporter")
 
 
+@dataclass(frozen=True, slots=True)
+class Exposition:
+    """Everything the exporter is told, once, by whoever wires it (agent/app/exposition.py):
+    what may be exported, how each enabled collector renders, and what the flags select.
+    The exporter reads no configuration and knows no registry."""
+
+    catalog: Catalog
+    renderers: Mapping[str, Renderer[Any, Any]]  # by collector name: the enabled ones
+    options: Mapping[str, Any]  # by collector name: its declared options, for RenderContext
+    selection: MetricSelection
+    max_pods_per_scrape: int
+    node_label: str | None = None  # node="<this>" on every series (--series-node-label)
+
+    def pod_bound(self) -> PodBound:
+        """The bound, with a counter for each enabled collector with per-pod series and for
+        the attribution stage."""
+        sources = per_pod_sources(self.catalog.metrics) & {*self.renderers, ATTRIBUTION_STAGE}
+        return PodBound(self.max_pods_per_scrape, sources)
+
+
 class GpuscopeCollector(Collector):
-    def __init__(
-        self,
-        collect: Callable[[], Scrape],
-        config: Config,
-        renderers: Mapping[str, Renderer[Any, Any]] | None = None,
-    ) -> None:
-        """`renderers` by collector name replaces the registry's (tests use it)."""
+    def __init__(self, collect: Callable[[], Scrape], exposition: Exposition) -> None:
         self._collect = collect
-        self._config = config
-        self._renderers = dict(renderers) if renderers is not None else _registered(config)
+        self._exposition = exposition
+        self._catalog = exposition.catalog
+        self._renderers = exposition.renderers
         self._render_failed: set[str] = set()
-        self._pod_bound = _pod_bound(config)
-        self._selection = selection_of(config)
+        self._pod_bound = exposition.pod_bound()
+        self._selection = exposition.selection
 
     def describe(self) -> list[Metric]:
         return []  # nothing to describe up front; keeps registration from collecting
@@ -61,9 +75,9 @@ class GpuscopeCollector(Collector):
     def families(self) -> Families:
         scraped = self._collect()
         collection, attribution = scraped.collection, scraped.attribution
-        out = Families(self._selection)
-        if self._config.agent.series_node_label:
-            out.with_constant_labels({"node": self._config.agent.node_name})
+        out = Families(self._catalog, self._selection)
+        if self._exposition.node_label is not None:
+            out.with_constant_labels({"node": self._exposition.node_label})
         out.add("gpuscope_build_info", _build_labels(scraped), 1)
         for name, result in collection.results.items():
             ok = result.success
@@ -71,7 +85,7 @@ class GpuscopeCollector(Collector):
             # A stuck collector's last good records are served (flagged by
             # gpuscope_collector_stuck), so its series do not vanish while it hangs.
             if (ok or result.stuck) and result.records is not None and renderer is not None:
-                ctx = RenderContext(self._config.collector_options.get(name), attribution)
+                ctx = RenderContext(self._exposition.options.get(name), attribution)
                 rendered = self._render_collector(name, renderer, result.records, ctx, out)
                 ok = ok and rendered
             _status(out, result, ok)
@@ -79,7 +93,7 @@ class GpuscopeCollector(Collector):
             _status(out, scraped.attribution_status, scraped.attribution_status.success)
         if attribution is not None:
             self._render("attribution", out, lambda batch: render_attribution(attribution, batch))
-        self._pod_bound.apply(out, catalog.BY_NAME)  # after every per-pod family is rendered
+        self._pod_bound.apply(out)  # after every per-pod family is rendered
         if scraped.process is not None:
             _process(out, scraped.process)
         return out
@@ -97,7 +111,7 @@ class GpuscopeCollector(Collector):
     def _render(self, name: str, out: Families, render: Callable[[Families], None]) -> bool:
         """Render into a batch of its own, merged only if rendering succeeded: one broken
         renderer marks its collector failed and leaves the rest of the scrape intact."""
-        batch = Families(self._selection)
+        batch = Families(self._catalog, self._selection)
         try:
             render(batch)
         except Exception:
@@ -108,34 +122,6 @@ class GpuscopeCollector(Collector):
         self._render_failed.discard(name)
         out.merge(batch)
         return True
-
-
-def selection_of(config: Config) -> MetricSelection:
-    """The detail level and filters; --nvlink-per-link includes the per-link throughput."""
-    per_link = GPU.name in config.collector_options and config.of(GPU).nvlink_per_link
-    return MetricSelection.from_flags(
-        config.agent.metrics_detail,
-        config.agent.metrics_include,
-        config.agent.metrics_exclude,
-        also_include=r"gpuscope_gpu_nvlink_link_(transmit|receive)_bytes_total" if per_link else "",
-    )
-
-
-def _pod_bound(config: Config) -> PodBound:
-    """The bound, with a counter for each enabled collector with per-pod series and for
-    the attribution stage."""
-    sources = per_pod_sources(catalog.METRICS) & {*config.collectors, "attribution"}
-    return PodBound(config.attribution.max_pods_per_scrape, sources)
-
-
-def _registered(config: Config) -> dict[str, Renderer[Any, Any]]:
-    """The renderers of the enabled collectors that have one."""
-    found = {}
-    for name in config.collectors:
-        renderer = renderer_of(BY_NAME[name])
-        if renderer is not None:
-            found[name] = renderer
-    return found
 
 
 def _status(out: Families, result: SourceResult[Any], ok: bool) -> None:

@@ -15,7 +15,8 @@ Labels set with `with_constant_labels` go on every series at render time, not in
 catalog: `--series-node-label` puts the node's name in `node` this way, so that a plain
 Prometheus scrape config needs no relabeling.
 
-A set is built for a `MetricSelection` (the detail level and filters, detail.py): samples of
+A set is built for a `Catalog` (the metrics this agent may export, catalog.py) and a
+`MetricSelection` (the detail level and filters, detail.py): samples of
 a family it leaves out are dropped as they are added, and `full(name)` tells a renderer
 whether to render every series of a family the default level serves only some of.
 """
@@ -34,6 +35,7 @@ from prometheus_client.core import (
 )
 
 from gpuscope.agent.hostfs import label_text
+from gpuscope.exporters.prometheus.catalog import Catalog
 from gpuscope.exporters.prometheus.detail import EVERYTHING, MetricSelection, Mode
 from gpuscope.exporters.prometheus.spec import MetricSpec
 
@@ -45,13 +47,14 @@ HistogramSample = tuple[tuple[str, ...], tuple[tuple[float, int], ...], float]
 class Families:
     """Samples grouped by metric; metrics with no samples are never emitted."""
 
-    def __init__(self, selection: MetricSelection = EVERYTHING) -> None:
+    def __init__(self, catalog: Catalog, selection: MetricSelection = EVERYTHING) -> None:
         self._samples: dict[str, list[Sample]] = {}
         self._histograms: dict[str, list[HistogramSample]] = {}
-        self._by_name, self._order = _catalog()
+        self.catalog = catalog
+        self._by_name, self._order = catalog.by_name, catalog.order
         self._constant: tuple[tuple[str, str], ...] = ()
         self.selection = selection
-        self._modes = _modes(selection)  # looked up on every add: one dict, built once
+        self._modes = _modes(catalog, selection)  # looked up on every add: one dict, built once
 
     def full(self, name: str) -> bool:
         """Whether every series of `name` is wanted (the full level, an include filter, or a
@@ -158,7 +161,7 @@ class Families:
         seen: dict[tuple[tuple[tuple[str, int], ...], tuple[str, ...]], str] = {}
         extra = tuple(v for _, v in self._constant)
         for name in self._ordered():
-            header, order = _layout(name, tuple(k for k, _ in self._constant))
+            header, order = _layout(self.catalog, name, tuple(k for k, _ in self._constant))
             out.append(header)
             if name in self._histograms:
                 self._render_histograms(name, out)
@@ -176,7 +179,7 @@ class Families:
     def _render_histograms(self, name: str, out: list[str]) -> None:
         """Each series' labels are escaped once, not once per bucket: with a hundred pods
         the RTT histograms are two thousand bucket lines per scrape."""
-        _, order = _layout(name, tuple(k for k, _ in self._constant))
+        _, order = _layout(self.catalog, name, tuple(k for k, _ in self._constant))
         extra = tuple(v for _, v in self._constant)
         before = tuple((k, i) for k, i in order if k < "le")
         after = tuple((k, i) for k, i in order if k > "le")
@@ -202,25 +205,18 @@ def _new_family(spec: MetricSpec, extra: tuple[str, ...] = ()) -> Metric:
 
 
 @cache
-def _catalog() -> tuple[Mapping[str, MetricSpec], Mapping[str, int]]:
-    """The catalog, imported on first use: it is assembled from the collectors' renderers,
-    which import this module."""
-    from gpuscope.exporters.prometheus import catalog
-
-    return catalog.BY_NAME, catalog.ORDER
-
-
-@cache
-def _modes(selection: MetricSelection) -> Mapping[str, Mode]:
+def _modes(catalog: Catalog, selection: MetricSelection) -> Mapping[str, Mode]:
     """What `selection` serves of each metric of the catalog (a few selections per process)."""
-    return {name: selection.mode(spec) for name, spec in _catalog()[0].items()}
+    return {name: selection.mode(spec) for name, spec in catalog.by_name.items()}
 
 
 @cache
-def _layout(name: str, extra: tuple[str, ...] = ()) -> tuple[str, tuple[tuple[str, int], ...]]:
+def _layout(
+    catalog: Catalog, name: str, extra: tuple[str, ...] = ()
+) -> tuple[str, tuple[tuple[str, int], ...]]:
     """HELP/TYPE lines and the label order (sorted by name, as generate_latest sorts them);
     `extra`, the constant labels' names, whose values follow the metric's own."""
-    spec = _catalog()[0][name]
+    spec = catalog.by_name[name]
     doc = spec.help.replace("\\", r"\\").replace("\n", r"\n")
     header = f"# HELP {name} {doc}\n# TYPE {name} {spec.kind}\n"
     order = tuple(sorted((key, i) for i, key in enumerate((*spec.labels, *extra))))

@@ -76,8 +76,9 @@ class PodBound:
         self._over = False
         self._lock = threading.Lock()
 
-    def apply(self, out: Families, catalog: dict[str, MetricSpec]) -> None:
+    def apply(self, out: Families) -> None:
         """Leave out the series of every pod past the bound, then add the counters."""
+        catalog = out.catalog.by_name
         families = [catalog[name] for name in out.names() if is_per_pod(catalog[name])]
         ranked = _ranked(out, families)
         kept = set(ranked[: self._max])

@@ -7,12 +7,13 @@ import subprocess
 from collections.abc import Callable
 from typing import Any
 
+from gpuscope.agent.app.exposition import catalog
 from gpuscope.exporters.prometheus.families import Families
 from tests.support.promtext import Exposition
 
 
 def render(renderer: Callable[[Any, Families], None], records: object) -> str:
-    out = Families()
+    out = Families(catalog())
     renderer(records, out)
     return out.render_text().decode()
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from gpuscope.exporters.prometheus.catalog import METRICS
+from gpuscope.agent.app.exposition import catalog
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARDS = REPO / "dashboards"
@@ -260,7 +260,7 @@ def recording_rule_labels() -> dict[str, set[str]]:
 def known_series() -> dict[str, set[str]]:
     """Every series name a query may select, with the labels it may match on."""
     known: dict[str, set[str]] = {}
-    for m in METRICS:
+    for m in catalog().metrics:
         labels = set(m.labels) | SCRAPE_LABELS
         if m.kind == "histogram":
             for suffix in _HISTOGRAM_SUFFIXES:

@@ -32,7 +32,6 @@ def resolved_copy(root: Path) -> Path:
     return root
 
 
-@pytest.mark.xfail(strict=True, reason="#22 step 2: the exporters still import the registry")
 def test_no_module_imports_from_a_layer_above_it(graph: ModuleType, tmp_path: Path) -> None:
     report = graph.check_layers(resolved_copy(tmp_path))
     assert report["unplaced"] == [], "place these modules in LAYERS (scripts/import-graph.py)"
@@ -41,7 +40,6 @@ def test_no_module_imports_from_a_layer_above_it(graph: ModuleType, tmp_path: Pa
     assert figures["modules"] > 100 and figures["imports"] > 300  # the copy is the real tree
 
 
-@pytest.mark.xfail(strict=True, reason="#22 step 2: two circles remain")
 def test_the_checkout_has_no_import_circle(graph: ModuleType, tmp_path: Path) -> None:
     figures = graph.measure(resolved_copy(tmp_path))
     assert figures["circles"] == []

@@ -8,6 +8,7 @@ from prometheus_client import generate_latest
 
 from gpuscope.agent.app.agent import Agent
 from gpuscope.agent.app.config import parse
+from gpuscope.agent.app.exposition import exposition_of
 from gpuscope.agent.clock import ManualClock
 from gpuscope.agent.gpu.collector import GPU
 from gpuscope.agent.runtime.sources import SourceUnavailable
@@ -115,7 +116,7 @@ def test_a_renderer_bug_fails_only_its_collector() -> None:
     agent = Agent(config, sources=[Flaky("buggy"), Flaky("other")])
     agent.registry.unregister(agent.collector)
     renderers = {"buggy": Renderer(GPU, (), broken)}
-    agent.registry.register(GpuscopeCollector(agent.collect, config, renderers))
+    agent.registry.register(GpuscopeCollector(agent.collect, exposition_of(config, renderers)))
     agent.start()
     m = scrape(agent)
     assert m.value("gpuscope_collector_success", collector="buggy") == 0

@@ -17,10 +17,10 @@ from gpuscope.agent.app.config import (
     flag_table,
     parse,
 )
+from gpuscope.agent.app.exposition import catalog
 from gpuscope.agent.app.registry import COLLECTORS, DEFAULT_COLLECTORS
 from gpuscope.agent.clock import ManualClock
 from gpuscope.agent.runtime.options import ConfigError
-from gpuscope.exporters.prometheus.catalog import METRICS
 from gpuscope.exporters.prometheus.render import renderer_of
 
 README = Path(__file__).resolve().parents[3] / "README.md"
@@ -55,7 +55,7 @@ def test_each_collector_renders_only_metrics_it_declares(collector) -> None:  # 
     assert renderer.collector is collector
     assert renderer.metrics, collector.name
     assert {m.source for m in renderer.metrics} == {collector.name}
-    assert set(renderer.metrics) <= set(METRICS)
+    assert set(renderer.metrics) <= set(catalog().metrics)
 
 
 @pytest.mark.parametrize("collector", COLLECTORS, ids=lambda c: c.name)

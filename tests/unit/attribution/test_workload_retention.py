@@ -12,6 +12,7 @@ import logging
 import pytest
 
 from gpuscope.agent.app.config import ConfigError, parse
+from gpuscope.agent.app.exposition import catalog
 from gpuscope.agent.attribution.cause import CAUSES
 from gpuscope.agent.attribution.idle import GpuIdleInput, IdleAccountant
 from gpuscope.agent.attribution.options import AttributionOptions
@@ -117,7 +118,7 @@ def churn(
         out = att.attribute(
             gpu_collection(idle=t, busy=0.0, sm_active=0.0, pods=alive, at=clock.time())
         )
-        families = Families()
+        families = Families(catalog())
         render_attribution(out, families)
         series = sum(len(families.samples(name)) for name in PER_WORKLOAD)
         dropped = dict(out.series_dropped).get("workload_limit", -1.0)

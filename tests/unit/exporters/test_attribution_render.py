@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 
+from gpuscope.agent.app.exposition import catalog
 from gpuscope.agent.attribution.records import (
     Attribution,
     GpuHolding,
@@ -76,7 +77,7 @@ ATTRIBUTION = Attribution(
 
 
 def render() -> str:
-    out = Families()
+    out = Families(catalog())
     render_attribution(ATTRIBUTION, out)
     return out.render_text().decode()
 

@@ -11,6 +11,7 @@ from prometheus_client.core import Metric
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.registry import Collector
 
+from gpuscope.agent.app.exposition import catalog
 from gpuscope.exporters.prometheus.families import Families
 from tests.support.netmetrics import promtool_check
 from tests.support.promtext import Exposition
@@ -19,7 +20,7 @@ UNDECODED = "eth\udcff0"  # what os.listdir gives for the name b"eth\xff0"
 
 
 def families() -> Families:
-    out = Families()
+    out = Families(catalog())
     out.add("gpuscope_nic_up", (UNDECODED,), 1)
     out.add("gpuscope_nic_up", ("eth1",), 1)
     out.add("gpuscope_nic_up", ('q"uo\\te\nü',), 0)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import re
 
-from gpuscope.exporters.prometheus.catalog import METRICS
-from gpuscope.exporters.prometheus.docs import DOC_PATH, render_markdown
+from gpuscope.agent.app.exposition import catalog
+from gpuscope.agent.app.metrics_doc import DOC_PATH, markdown
 from tests.support import GOLDEN_DIR
 
 # Exported only behind flags; their presence is tested in test_profiles.py. (Metrics of the
@@ -26,9 +26,9 @@ DRIVER_ONLY = {"gpuscope_gpu_recovery_action_info"}
 
 def test_docs_match_catalog() -> None:
     if os.environ.get("GPUSCOPE_UPDATE_GOLDEN") == "1":
-        DOC_PATH.write_text(render_markdown())
-    assert DOC_PATH.read_text() == render_markdown(), (
-        "docs/metrics.md is stale: run `python -m gpuscope.exporters.prometheus.docs --write`"
+        DOC_PATH.write_text(markdown())
+    assert DOC_PATH.read_text() == markdown(), (
+        "docs/metrics.md is stale: run `python -m gpuscope.agent.app.metrics_doc --write`"
     )
 
 
@@ -41,16 +41,16 @@ def exported_names() -> set[str]:
 
 
 def test_every_exported_metric_is_documented_and_every_documented_metric_is_exported() -> None:
-    families = {m.family_name: m.name for m in METRICS}
+    families = {m.family_name: m.name for m in catalog().metrics}
     exported = {families.get(name, name) for name in exported_names()}
-    documented = {m.name for m in METRICS}
+    documented = {m.name for m in catalog().metrics}
     assert exported - documented == set()
     assert documented - exported - FLAG_ONLY - FAULT_ONLY - DRIVER_ONLY == set()
 
 
 def test_names_follow_the_unit_conventions() -> None:
     units = ("_bytes", "_seconds", "_watts", "_joules", "_ratio", "_celsius", "_hertz")
-    for m in METRICS:
+    for m in catalog().metrics:
         if m.source == "process":  # the client libraries' standard process_* names
             assert m.name.startswith("process_"), m.name
             continue
@@ -91,5 +91,5 @@ def test_family_names_do_not_clash_in_openmetrics() -> None:
     """OpenMetrics names a counter's family without `_total`: a gauge `x_seconds` and a
     counter `x_seconds_total` would be two families called `x_seconds`, and Prometheus, which
     asks for OpenMetrics first, would refuse the whole scrape."""
-    families = [m.family_name for m in METRICS]
+    families = [m.family_name for m in catalog().metrics]
     assert len(families) == len(set(families)), sorted(f for f in families if families.count(f) > 1)

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 
+from gpuscope.agent.app.exposition import catalog
 from gpuscope.agent.attribution.records import Attribution, PodName
 from gpuscope.agent.net.bpf_program import RTT_SLOTS
 from gpuscope.agent.net.collector import NetOptions
@@ -71,7 +72,7 @@ NAMED = RenderContext(
 
 
 def render() -> str:
-    out = Families()
+    out = Families(catalog())
     render_net(SNAPSHOT, out, NAMED)
     return out.render_text().decode()
 
@@ -116,7 +117,7 @@ def test_host_traffic_is_one_set_and_udp_only_pods_have_no_tcp_series() -> None:
 def test_histogram_text_equals_prometheus_client() -> None:
     from prometheus_client import generate_latest
 
-    out = Families()
+    out = Families(catalog())
     render_net(SNAPSHOT, out, NAMED)
     out.add_histogram(
         "gpuscope_pod_tcp_rtt_seconds",

@@ -12,6 +12,7 @@ import re
 import pytest
 
 from gpuscope.agent.app.config import ConfigError, parse
+from gpuscope.agent.app.exposition import catalog, exposition_of
 from gpuscope.agent.attribution.records import (
     Attribution,
     GpuHolding,
@@ -25,7 +26,6 @@ from gpuscope.agent.k8s.pod_cgroup_usage import PodCgroupUsage, Pressure
 from gpuscope.agent.k8s.workloads import Workload
 from gpuscope.agent.net.records import RTT_SLOTS, NetSnapshot, PodNetwork
 from gpuscope.agent.runtime.sources import Collection, SourceResult
-from gpuscope.exporters.prometheus.catalog import BY_NAME
 from gpuscope.exporters.prometheus.collector import GpuscopeCollector
 from gpuscope.exporters.prometheus.pod_bound import is_per_pod
 from gpuscope.exporters.scrape import Scrape
@@ -111,7 +111,7 @@ class Node:
     def __init__(self, *flags: str) -> None:
         config = parse(["--collectors", "net", "--net-per-container", *flags], env={})
         self.snapshot, self.attribution = records(PODS)
-        self.exporter = GpuscopeCollector(self._scrape, config)
+        self.exporter = GpuscopeCollector(self._scrape, exposition_of(config))
 
     def _scrape(self) -> Scrape:
         result = SourceResult("net", self.snapshot, True, 0.01)
@@ -157,7 +157,7 @@ def test_keeps_gpu_holders_then_the_busiest_pods_and_every_host_series() -> None
     assert pods_in(m, "gpuscope_gpu_allocation_info") == {name(i) for i in GPU_PODS}
     assert len(m.series("gpuscope_gpu_allocated")) == GPUS  # device series: never dropped
     for family in m.names():  # every per-pod family, those added later included
-        spec = BY_NAME.get(family.removesuffix("_count"))
+        spec = catalog().by_name.get(family.removesuffix("_count"))
         if spec is not None and is_per_pod(spec):
             assert pods_in(m, family) <= kept | {""}, family
     for family, containers in NET_FAMILIES:  # a kept pod keeps all its containers' series

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 
+from gpuscope.agent.app.exposition import catalog
 from gpuscope.agent.attribution.records import Attribution, PodRef, PodSignals
 from gpuscope.agent.k8s.pod_cgroup_usage import PodCgroupUsage, Pressure
 from gpuscope.agent.k8s.workloads import Workload
@@ -49,7 +50,7 @@ POD = {
 
 
 def render() -> str:
-    out = Families()
+    out = Families(catalog())
     render_attribution(ATT, out)
     return out.render_text().decode()
 

@@ -14,6 +14,7 @@ from prometheus_client.registry import Collector
 
 from gpuscope.agent.app.agent import Agent
 from gpuscope.agent.app.config import parse
+from gpuscope.agent.app.exposition import catalog
 from gpuscope.agent.clock import ManualClock
 from gpuscope.exporters.prometheus.families import Families
 from tests.support.netmetrics import promtool_check
@@ -23,13 +24,13 @@ POD = ("ml-team", "trainer-0", "uid-1", "PyTorchJob", "llm", "main")
 
 
 def families(node: str | None) -> Families:
-    out = Families()
+    out = Families(catalog())
     if node is not None:
         out.with_constant_labels({"node": node})
     out.add("gpuscope_nic_up", ("eth0",), 1)
     out.add("gpuscope_nic_up", ("eth1",), 0)
     out.add("gpuscope_agent_threads", (), 12)
-    batch = Families()  # a renderer's batch, merged into the scrape's
+    batch = Families(catalog())  # a renderer's batch, merged into the scrape's
     batch.add_histogram(
         "gpuscope_pod_tcp_rtt_seconds", POD, ((0.001, 3), (0.01, 7), (float("inf"), 9)), 0.05
     )

@@ -11,6 +11,7 @@ import subprocess
 
 import pytest
 
+from gpuscope.agent.app.exposition import catalog
 from gpuscope.agent.attribution.activity import ActivityInput, LowActivityAccountant
 from gpuscope.agent.attribution.cause import CAUSES
 from gpuscope.agent.attribution.idle import GpuIdleInput, IdleAccountant
@@ -54,7 +55,7 @@ def attribution() -> Attribution:
 
 
 def render() -> str:
-    out = Families()
+    out = Families(catalog())
     render_attribution(attribution(), out)
     return out.render_text().decode()
 

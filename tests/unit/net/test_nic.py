@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
+from gpuscope.agent.app.exposition import catalog
 from gpuscope.agent.net.nic import NicReading, NicSnapshot, NicSource, read_nics
 from gpuscope.agent.runtime.sources import SourceRunner, SourceUnavailable
 from gpuscope.exporters.prometheus.families import Families
@@ -363,7 +364,7 @@ def test_unreadable_values_are_omitted_from_the_output(tree: Path) -> None:
 
 
 def test_fast_text_is_what_prometheus_client_writes(snapshot: NicSnapshot) -> None:
-    out = Families()
+    out = Families(catalog())
     render_nic(snapshot, out)
 
     class Fixed(Collector):

@@ -13,6 +13,7 @@ from prometheus_client import generate_latest
 
 from gpuscope.agent.app.agent import Agent
 from gpuscope.agent.app.config import parse
+from gpuscope.agent.app.exposition import catalog
 from gpuscope.agent.net.nic import NicSource, read_nics
 from gpuscope.agent.net.rdma import (
     HW_COUNTERS,
@@ -394,7 +395,7 @@ def test_agent_exports_both_collectors_from_the_fixture(tree: Path) -> None:
 def test_exposition_matches_golden(shared_tree: Path) -> None:
     """Both collectors on the fixture node, byte for byte. After an intended change:
     GPUSCOPE_UPDATE_GOLDEN=1 pytest tests/unit/net/test_rdma.py -k golden, and review the diff."""
-    out = Families()
+    out = Families(catalog())
     render_nic(read_nics(shared_tree), out)
     render_rdma(read_rdma(shared_tree), out)
     text = out.render_text().decode()
