@@ -33,7 +33,7 @@ from gpuscope.agent.runtime.sources import (
     describe,
 )
 from gpuscope.agent.runtime.spec import BuildContext
-from gpuscope.exporters.prometheus.collector import GpuscopeCollector
+from gpuscope.exporters.prometheus.exporter import PrometheusExporter
 from gpuscope.exporters.scrape import ATTRIBUTION_STAGE, Scrape
 
 log = logging.getLogger("gpuscope")
@@ -188,7 +188,7 @@ class Agent:
             pod_signals=_pod_signals(config, self.clock),
         )
         self.registry = CollectorRegistry(auto_describe=False)
-        self.collector = GpuscopeCollector(self.collect, exposition_of(config))
+        self.collector = PrometheusExporter(self.collect, exposition_of(config))
         self.registry.register(self.collector)
         self._start_lock = threading.Lock()
         self._started = threading.Event()

@@ -21,9 +21,9 @@ from gpuscope.agent.app.agent import Agent
 from gpuscope.agent.app.config import Config, ConfigError, parse
 from gpuscope.agent.app.config import build_parser as agent_parser
 from gpuscope.agent.gpu.collector import GPU
-from gpuscope.agent.gpu.source import GpuSource
 from gpuscope.agent.labels import cli as labels_cli
 from gpuscope.agent.labels.loop import LabelsLoop, make_publisher
+from gpuscope.agent.runtime.accelerators import DeviceWatch
 from gpuscope.agent.serve.server import MetricsServer
 
 log = logging.getLogger("gpuscope")
@@ -133,8 +133,8 @@ def start_labels(config: Config, agent: Agent) -> LabelsLoop | None:
     publish = make_publisher(config)
     if publish is None or GPU.name not in config.collectors:
         return None
-    gpu = agent.source(GPU.name)
-    loop = LabelsLoop(config, agent.runner, gpu if isinstance(gpu, GpuSource) else None, publish)
+    gpu = agent.source(GPU.name)  # a stand-in for a missing dependency watches nothing
+    loop = LabelsLoop(config, agent.runner, gpu if isinstance(gpu, DeviceWatch) else None, publish)
     loop.start()
     return loop
 

@@ -22,7 +22,7 @@ from gpuscope.agent.attribution.options import AttributionOptions
 from gpuscope.agent.labels.options import LabelsOptions
 from gpuscope.agent.name_patterns import pattern_problem
 from gpuscope.agent.runtime.options import ConfigError, Flag, flag, flags_of, names, number, one_of
-from gpuscope.agent.runtime.spec import Collector
+from gpuscope.agent.runtime.spec import CollectorSpec
 from gpuscope.agent.serve.web_config import WebConfig, load_web_config
 
 __all__ = ["AgentOptions", "Config", "ConfigError", "all_flags", "build_parser", "parse"]
@@ -174,7 +174,7 @@ class Config:
     def collectors(self) -> tuple[str, ...]:
         return self.agent.collectors
 
-    def of(self, collector: Collector[Any, O]) -> O:
+    def of(self, collector: CollectorSpec[Any, O]) -> O:
         """The options of one collector, typed by its declaration."""
         options: O = self.collector_options[collector.name]
         return options

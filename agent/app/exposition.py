@@ -15,8 +15,8 @@ from gpuscope.agent.app.config import Config
 from gpuscope.agent.app.registry import BY_NAME, COLLECTORS
 from gpuscope.agent.gpu.collector import GPU
 from gpuscope.exporters.prometheus.catalog import Catalog
-from gpuscope.exporters.prometheus.collector import Exposition
 from gpuscope.exporters.prometheus.detail import MetricSelection
+from gpuscope.exporters.prometheus.exporter import Exposition
 from gpuscope.exporters.prometheus.render import Renderer, renderer_of
 
 

@@ -13,9 +13,9 @@ from gpuscope.agent.gpu.collector import GPU
 from gpuscope.agent.k8s.collector import KUBELET, PODS
 from gpuscope.agent.k8s.dra_collector import DRA
 from gpuscope.agent.net.collector import NET, NIC, RDMA
-from gpuscope.agent.runtime.spec import Collector
+from gpuscope.agent.runtime.spec import CollectorSpec
 
-COLLECTORS: tuple[Collector[Any, Any], ...] = (GPU, NET, NIC, RDMA, KUBELET, PODS, DRA)
+COLLECTORS: tuple[CollectorSpec[Any, Any], ...] = (GPU, NET, NIC, RDMA, KUBELET, PODS, DRA)
 
-BY_NAME: dict[str, Collector[Any, Any]] = {c.name: c for c in COLLECTORS}
+BY_NAME: dict[str, CollectorSpec[Any, Any]] = {c.name: c for c in COLLECTORS}
 DEFAULT_COLLECTORS: tuple[str, ...] = tuple(c.name for c in COLLECTORS if c.default)

@@ -14,7 +14,7 @@ from gpuscope.agent.app.config import parse
 from gpuscope.agent.app.exposition import exposition_of
 from gpuscope.agent.check.common import Check, verdict
 from gpuscope.agent.check.session import agent_argv
-from gpuscope.exporters.prometheus.collector import GpuscopeCollector
+from gpuscope.exporters.prometheus.exporter import PrometheusExporter
 
 # Families the default detail level serves only while they apply (exporters/prometheus/
 # detail.py): a real GPU may have some (a power cap reason, an erroring link, an XID).
@@ -41,7 +41,7 @@ def series_by_gpu(text_out: str) -> dict[str, Counter[str]]:
 def check_series_budget(agent: Agent, args: Any) -> Check:
     """What a real GPU costs in series at each detail level: the default level within the
     budget once the exceptions a real GPU may have are set apart."""
-    default = GpuscopeCollector(
+    default = PrometheusExporter(
         agent.collect, exposition_of(parse(agent_argv(args, "default"), env={}))
     )
     levels = {

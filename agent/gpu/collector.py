@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpuscope.agent.gpu.records import GpuSnapshot
+from gpuscope.agent.runtime.accelerators import ACCELERATOR
 from gpuscope.agent.runtime.options import flag, number
 from gpuscope.agent.runtime.sources import Source
-from gpuscope.agent.runtime.spec import BuildContext, Collector
+from gpuscope.agent.runtime.spec import BuildContext, CollectorSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +49,7 @@ def _build(ctx: BuildContext[GpuOptions]) -> Source[GpuSnapshot]:
     return GpuSource(config, clock=ctx.clock)
 
 
-GPU: Collector[GpuSnapshot, GpuOptions] = Collector(
+GPU: CollectorSpec[GpuSnapshot, GpuOptions] = CollectorSpec(
     name="gpu",
     summary="NVIDIA GPUs through NVML: utilization, memory, power, clocks, errors, PCIe, "
     "NVLink, MIG, GPU processes.",
@@ -56,4 +57,5 @@ GPU: Collector[GpuSnapshot, GpuOptions] = Collector(
     options=GpuOptions,
     build=_build,
     renderer="gpuscope.exporters.prometheus.gpu:RENDERER",
+    role=ACCELERATOR,
 )

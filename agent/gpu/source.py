@@ -217,11 +217,16 @@ class GpuSource:
             self.topology = read_topology(self.nvml, self.devices, self.gates.run)
         return readings
 
-    def refresh_fabric(self) -> None:
-        """Read every GPU's fabric registration again (the labels loop calls this each
-        round): it can complete, or degrade, long after the agent started. A GPU that does
-        not answer keeps what was known."""
-        if self.devices:
+    def lost_devices(self) -> frozenset[str]:
+        """(DeviceWatch.) The GPUs the sampler found lost, without an NVML call."""
+        sampler = self.sampler
+        return sampler.lost() if sampler is not None else frozenset()
+
+    def refresh_topology(self) -> None:
+        """(DeviceWatch.) Read every GPU's fabric registration again (the labels loop calls
+        this each round): it can complete, or degrade, long after the agent started. A GPU
+        that does not answer keeps what was known; before NVML is up, nothing to read."""
+        if self.nvml.initialized and self.devices:
             fabric = read_fabric(self.nvml, self.devices, self.gates.run, self.topology.fabric)
             self.topology = replace(self.topology, fabric=fabric)
 

@@ -17,7 +17,7 @@ from gpuscope.agent.k8s.records import PodsSnapshot
 from gpuscope.agent.k8s.workloads import DEFAULT_ORDER, RESOLVERS
 from gpuscope.agent.runtime.options import ConfigError, flag, names
 from gpuscope.agent.runtime.sources import Source
-from gpuscope.agent.runtime.spec import BuildContext, Collector
+from gpuscope.agent.runtime.spec import BuildContext, CollectorSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +101,7 @@ def _build_pods(ctx: BuildContext[PodsOptions]) -> Source[PodsSnapshot]:
     )
 
 
-KUBELET: Collector[KubeletSnapshot, KubeletOptions] = Collector(
+KUBELET: CollectorSpec[KubeletSnapshot, KubeletOptions] = CollectorSpec(
     name="kubelet",
     summary="Device allocations per container from the kubelet's PodResources API (gRPC on "
     "its unix socket).",
@@ -110,7 +110,7 @@ KUBELET: Collector[KubeletSnapshot, KubeletOptions] = Collector(
     build=_build_kubelet,
 )
 
-PODS: Collector[PodsSnapshot, PodsOptions] = Collector(
+PODS: CollectorSpec[PodsSnapshot, PodsOptions] = CollectorSpec(
     name="pods",
     summary="This node's pods, their containers and workloads, from the Kubernetes API "
     "(list and watch).",

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from gpuscope.agent.k8s.dra_records import DEFAULT_DRA_DRIVERS, DraSnapshot
 from gpuscope.agent.runtime.options import ConfigError, flag, names
 from gpuscope.agent.runtime.sources import Source
-from gpuscope.agent.runtime.spec import BuildContext, Collector
+from gpuscope.agent.runtime.spec import BuildContext, CollectorSpec
 
 
 def _drivers(flag_name: str, text: str) -> tuple[str, ...]:
@@ -62,7 +62,7 @@ def _build(ctx: BuildContext[DraOptions]) -> Source[DraSnapshot]:
     )
 
 
-DRA: Collector[DraSnapshot, DraOptions] = Collector(
+DRA: CollectorSpec[DraSnapshot, DraOptions] = CollectorSpec(
     name="dra",
     summary="GPUs allocated through Dynamic Resource Allocation, from the ResourceClaims' "
     "allocation results and the driver's ResourceSlices (Kubernetes API, resource.k8s.io v1, "

@@ -20,12 +20,13 @@ from collections.abc import Sequence
 
 from gpuscope.agent import logs
 from gpuscope.agent.app.config import ConfigError, all_flags, parse
+from gpuscope.agent.clock import SystemClock
 from gpuscope.agent.gpu.collector import GPU
 from gpuscope.agent.gpu.records import GpuSnapshot
-from gpuscope.agent.gpu.source import GpuConfig, GpuSource
 from gpuscope.agent.net.placement import network_placement
 from gpuscope.agent.runtime.options import Flag
 from gpuscope.agent.runtime.sources import SourceUnavailable
+from gpuscope.agent.runtime.spec import BuildContext
 from gpuscope.exporters.labels.gpu import gpu_labels, topology_annotation
 from gpuscope.exporters.labels.validation import validate
 
@@ -36,7 +37,7 @@ DESCRIPTION = (
     "key the agent owns off the Node instead (uninstall)."
 )
 # The agent flags that mean something here, declared (help, variable, check) by the agent.
-AGENT_FLAGS = ("--node-name", "--sysfs", "--label-prefix", "--log-format")
+AGENT_FLAGS = ("--node-name", "--sysfs", "--label-prefix", "--gpu-read-deadline", "--log-format")
 
 
 def remove_from_node(node: str, prefix: str) -> int:
@@ -105,7 +106,9 @@ def labels_main(argv: Sequence[str]) -> int:
     if remove:
         return remove_from_node(config.agent.node_name, prefix)
 
-    source = GpuSource(GpuConfig(sysfs=config.agent.sysfs, background=False))
+    # Built from its declaration, as the agent builds it: the GPU collector's options
+    # (--gpu-read-deadline, GPUSCOPE_* variables) apply here too.
+    source = GPU.build(BuildContext(config.agent, config.of(GPU), SystemClock(), background=False))
     snapshot: GpuSnapshot | None = None
     try:
         source.start()

@@ -23,9 +23,9 @@ from gpuscope.agent.app.config import Config
 from gpuscope.agent.clock import Clock, SystemClock
 from gpuscope.agent.gpu.collector import GPU
 from gpuscope.agent.gpu.records import GpuSnapshot
-from gpuscope.agent.gpu.source import GpuSource
 from gpuscope.agent.labels.hold import AbsenceClock, Decision, Reading, classify, decide
 from gpuscope.agent.net.placement import network_placement
+from gpuscope.agent.runtime.accelerators import DeviceWatch
 from gpuscope.agent.runtime.sources import SourceRunner
 from gpuscope.exporters.labels.gpu import gpu_labels, topology_annotation
 from gpuscope.exporters.labels.publish import (
@@ -109,7 +109,7 @@ class LabelsLoop:
         self,
         config: Config,
         runner: SourceRunner,
-        gpu: GpuSource | None,
+        devices: DeviceWatch | None,
         publish: Publish,
         *,
         recall: Recall | None = None,
@@ -117,7 +117,7 @@ class LabelsLoop:
     ) -> None:
         self._config = config
         self._runner = runner
-        self._gpu = gpu
+        self._devices = devices  # the GPU source's watch; None: nothing to watch
         self._publish = publish
         if recall is None and isinstance(publish, Publisher):
             recall = publish.recall
@@ -144,7 +144,7 @@ class LabelsLoop:
             self._thread.join(timeout=10)
 
     def run_once(self) -> None:
-        self._refresh_fabric()
+        self._refresh_topology()
         collection = self._runner.collect(only=(GPU.name,))  # the labels need nothing else
         result = collection.result(GPU)
         snap = collection.records(GPU)
@@ -242,19 +242,18 @@ class LabelsLoop:
             log.info("GPUs readable again: node labels follow them")
         self._holding = decision.holding
 
-    def _refresh_fabric(self) -> None:
+    def _refresh_topology(self) -> None:
         """The GPUs' fabric registration can complete (or degrade) after start: read it
         again each round. A failure here costs only this round's fresh fabric facts."""
-        if self._gpu is None or not self._gpu.nvml.initialized:
+        if self._devices is None:
             return
         try:
-            self._gpu.refresh_fabric()
+            self._devices.refresh_topology()
         except Exception as exc:  # noqa: BLE001 - the labels thread must keep running
-            log.debug("re-reading the GPU fabric failed: %s", exc)
+            log.debug("re-reading the GPU topology failed: %s", exc)
 
     def _lost(self) -> frozenset[str]:
-        sampler = self._gpu.sampler if self._gpu is not None else None
-        return sampler.lost() if sampler is not None else frozenset()
+        return self._devices.lost_devices() if self._devices is not None else frozenset()
 
     def _absence_due(self) -> bool:
         """An absence reaches its grace between rounds: withdraw then, not a round later."""

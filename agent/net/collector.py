@@ -10,7 +10,7 @@ from pathlib import Path
 from gpuscope.agent.net.records import NetSnapshot, NicSnapshot, RdmaSnapshot
 from gpuscope.agent.runtime.options import NoOptions, flag, one_of
 from gpuscope.agent.runtime.sources import Source
-from gpuscope.agent.runtime.spec import BuildContext, Collector
+from gpuscope.agent.runtime.spec import BuildContext, CollectorSpec
 
 # Map sizes the kernel can allocate, checked at parse time (a larger one was accepted, then
 # failed at load with "Argument list too long"). A hash map takes at most 2**27 entries (its
@@ -100,7 +100,7 @@ def _build_rdma(ctx: BuildContext[NoOptions]) -> Source[RdmaSnapshot]:
     return RdmaSource(ctx.agent.sysfs)
 
 
-NET: Collector[NetSnapshot, NetOptions] = Collector(
+NET: CollectorSpec[NetSnapshot, NetOptions] = CollectorSpec(
     name="net",
     summary="Per-pod TCP/UDP traffic, retransmits, connections and RTT from eBPF probes, "
     "aggregated in the kernel by cgroup.",
@@ -110,7 +110,7 @@ NET: Collector[NetSnapshot, NetOptions] = Collector(
     renderer="gpuscope.exporters.prometheus.net:RENDERER",
 )
 
-NIC: Collector[NicSnapshot, NoOptions] = Collector(
+NIC: CollectorSpec[NicSnapshot, NoOptions] = CollectorSpec(
     name="nic",
     summary="Physical network interfaces from sysfs: bytes, packets, errors, speed, MTU.",
     records=NicSnapshot,
@@ -119,7 +119,7 @@ NIC: Collector[NicSnapshot, NoOptions] = Collector(
     renderer="gpuscope.exporters.prometheus.net_devices:NIC_RENDERER",
 )
 
-RDMA: Collector[RdmaSnapshot, NoOptions] = Collector(
+RDMA: CollectorSpec[RdmaSnapshot, NoOptions] = CollectorSpec(
     name="rdma",
     summary="RDMA devices (InfiniBand, RoCE) from sysfs: port state, rate, traffic and "
     "error counters.",

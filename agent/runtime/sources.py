@@ -121,7 +121,7 @@ class Collection:
 
 
 class Keyed(Protocol[R_co]):
-    """A collector's declaration as a typed key (agent/runtime/spec.py `Collector`)."""
+    """A collector's declaration as a typed key (agent/runtime/spec.py `CollectorSpec`)."""
 
     @property
     def name(self) -> str: ...

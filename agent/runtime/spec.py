@@ -1,4 +1,4 @@
-"""How a collector declares itself: one `Collector` value beside its code, listed once in
+"""How a collector declares itself: one `CollectorSpec` value beside its code, listed once in
 `agent/app/registry.py`. Everything else (flags, `Config`, the sources the agent builds, the
 renderers and metrics the exporter uses, docs/metrics.md, the README's flag table) is
 derived from these declarations.
@@ -39,7 +39,7 @@ class HostOptions(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class BuildContext(Generic[O]):
-    """What `Collector.build` gets: the agent-wide options and the collector's own."""
+    """What `CollectorSpec.build` gets: the agent-wide options and the collector's own."""
 
     agent: HostOptions  # host roots, node name, kubeconfig
     options: O
@@ -48,7 +48,7 @@ class BuildContext(Generic[O]):
 
 
 @dataclass(frozen=True, slots=True)
-class Collector(Generic[R, O]):
+class CollectorSpec(Generic[R, O]):
     """One collector: a name, its options, how its source is built and how it is rendered.
 
     The value is also the typed key of its records: `collection.records(GPU)` is a
@@ -65,3 +65,6 @@ class Collector(Generic[R, O]):
     # render (the kubelet and pods collectors feed the attribution stage).
     renderer: str | None = None
     default: bool = True  # enabled when --collectors is not given
+    # What the collector is to the parts above it: ACCELERATOR (agent/runtime/accelerators.py)
+    # for one that reads accelerators, whose source is then a `DeviceWatch` too; "" for none.
+    role: str = ""

@@ -1,5 +1,5 @@
 """How a collector's records become samples: the `Renderer` a collector's declaration names
-(`Collector.renderer`, "module:ATTRIBUTE"), with the metrics it may emit.
+(`CollectorSpec.renderer`, "module:ATTRIBUTE"), with the metrics it may emit.
 
 Renderers get their collector's records, its options (how to render: `--nvlink-per-link`
 is the GPU renderer's), and what the attribution stage added, if anything. They never read
@@ -15,7 +15,7 @@ from functools import cache
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from gpuscope.agent.attribution.records import Attribution
-from gpuscope.agent.runtime.spec import Collector
+from gpuscope.agent.runtime.spec import CollectorSpec
 from gpuscope.exporters.prometheus.spec import MetricSpec
 
 if TYPE_CHECKING:
@@ -33,14 +33,14 @@ class RenderContext(Generic[O]):
 
 @dataclass(frozen=True, slots=True)
 class Renderer(Generic[R, O]):
-    collector: Collector[R, O]
+    collector: CollectorSpec[R, O]
     metrics: tuple[MetricSpec, ...]
     # (records, out, context); renderers that need no context take it as optional.
     render: Callable[[R, Families, RenderContext[O]], None]
 
 
 @cache
-def renderer_of(collector: Collector[Any, Any]) -> Renderer[Any, Any] | None:
+def renderer_of(collector: CollectorSpec[Any, Any]) -> Renderer[Any, Any] | None:
     """The renderer a collector's declaration names; checked to be that collector's."""
     if collector.renderer is None:
         return None

@@ -53,7 +53,7 @@ def test_wheel_installs_exactly_one_import_name(wheel: Path) -> None:
     top = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith(".dist-info")}
     assert top == {"gpuscope"}
     assert "gpuscope/agent/app/cli.py" in names
-    assert "gpuscope/exporters/prometheus/collector.py" in names
+    assert "gpuscope/exporters/prometheus/exporter.py" in names
     # Every module of the checkout is in the wheel (the links were followed, not dropped).
     for tree in ("agent", "exporters"):
         for py in (REPO / tree).rglob("*.py"):

@@ -12,7 +12,7 @@ from gpuscope.agent.app.exposition import exposition_of
 from gpuscope.agent.clock import ManualClock
 from gpuscope.agent.gpu.collector import GPU
 from gpuscope.agent.runtime.sources import SourceUnavailable
-from gpuscope.exporters.prometheus.collector import GpuscopeCollector
+from gpuscope.exporters.prometheus.exporter import PrometheusExporter
 from gpuscope.exporters.prometheus.render import Renderer
 from tests.support.promtext import Exposition
 
@@ -116,7 +116,7 @@ def test_a_renderer_bug_fails_only_its_collector() -> None:
     agent = Agent(config, sources=[Flaky("buggy"), Flaky("other")])
     agent.registry.unregister(agent.collector)
     renderers = {"buggy": Renderer(GPU, (), broken)}
-    agent.registry.register(GpuscopeCollector(agent.collect, exposition_of(config, renderers)))
+    agent.registry.register(PrometheusExporter(agent.collect, exposition_of(config, renderers)))
     agent.start()
     m = scrape(agent)
     assert m.value("gpuscope_collector_success", collector="buggy") == 0

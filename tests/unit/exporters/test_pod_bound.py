@@ -26,7 +26,7 @@ from gpuscope.agent.k8s.pod_cgroup_usage import PodCgroupUsage, Pressure
 from gpuscope.agent.k8s.workloads import Workload
 from gpuscope.agent.net.records import RTT_SLOTS, NetSnapshot, PodNetwork
 from gpuscope.agent.runtime.sources import Collection, SourceResult
-from gpuscope.exporters.prometheus.collector import GpuscopeCollector
+from gpuscope.exporters.prometheus.exporter import PrometheusExporter
 from gpuscope.exporters.prometheus.pod_bound import is_per_pod
 from gpuscope.exporters.scrape import Scrape
 from tests.support.netmetrics import promtool_check
@@ -111,7 +111,7 @@ class Node:
     def __init__(self, *flags: str) -> None:
         config = parse(["--collectors", "net", "--net-per-container", *flags], env={})
         self.snapshot, self.attribution = records(PODS)
-        self.exporter = GpuscopeCollector(self._scrape, exposition_of(config))
+        self.exporter = PrometheusExporter(self._scrape, exposition_of(config))
 
     def _scrape(self) -> Scrape:
         result = SourceResult("net", self.snapshot, True, 0.01)

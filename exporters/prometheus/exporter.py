@@ -1,7 +1,10 @@
-"""The Prometheus collector: one fresh set of families per scrape, built from records.
+"""The Prometheus exporter: one fresh set of families per scrape, built from records.
 
-Registered in its own `CollectorRegistry`. Nothing is kept between scrapes, so a GPU or pod
-that disappears stops being exported at once (module-level gauges would keep it forever).
+`PrometheusExporter` implements prometheus_client's `Collector` protocol (its `collect()` is
+that library's verb) and is registered in its own `CollectorRegistry`; gpuscope's own
+collectors are declared by a `CollectorSpec` (agent/runtime/spec.py). Nothing is kept
+between scrapes, so a GPU or pod that disappears stops being exported at once (module-level
+gauges would keep it forever).
 Each source is rendered into its own batch and merged only if rendering succeeded: a bug in
 one renderer marks that collector failed and leaves the rest of the scrape intact.
 """
@@ -52,7 +55,7 @@ class Exposition:
         return PodBound(self.max_pods_per_scrape, sources)
 
 
-class GpuscopeCollector(Collector):
+class PrometheusExporter(Collector):
     def __init__(self, collect: Callable[[], Scrape], exposition: Exposition) -> None:
         self._collect = collect
         self._exposition = exposition
