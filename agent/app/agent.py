@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from functools import partial
 from typing import Any
 
 from prometheus_client.registry import CollectorRegistry
@@ -18,12 +16,13 @@ from prometheus_client.registry import CollectorRegistry
 from gpuscope.agent.app.config import Config
 from gpuscope.agent.app.exposition import exposition_of
 from gpuscope.agent.app.registry import BY_NAME
+from gpuscope.agent.attribution.records import Attribution
 from gpuscope.agent.attribution.stage import Attributor
 from gpuscope.agent.clock import Clock, SystemClock
 from gpuscope.agent.k8s.pod_cgroup_usage import CgroupRoots, PodCgroupReader
+from gpuscope.agent.runtime.guarded import Guarded
 from gpuscope.agent.runtime.self_stats import read_process_stats
 from gpuscope.agent.runtime.sources import (
-    STALE_MAX,
     Collection,
     Source,
     SourceResult,
@@ -69,88 +68,27 @@ def build_sources(config: Config, clock: Clock, *, background: bool = True) -> l
     return sources
 
 
-class _Stage:
-    """A stage after the sources (attribution) on a thread of its own, against a deadline.
+class _StageVoice:
+    """A stage's changes of state in the log: failures with their traceback, since a stage
+    that raises is a bug in the agent, not a feature the node lacks."""
 
-    Like a source's worker (agent/runtime/sources.py): at most one run in flight; a run still going
-    when the deadline passes leaves the stage *stuck*, and the scrape is answered with the
-    stage's last good result (up to `STALE_MAX` old) instead of waiting for it.
-    """
-
-    def __init__(self, name: str, run: Callable[[Collection], Any], clock: Clock) -> None:
-        self._clock = clock
+    def __init__(self, name: str) -> None:
         self.name = name
-        self._run = run
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"stage-{name}")
-        self._pending: Future[Any] | None = None
-        self._began = 0.0
-        self._last_good: tuple[Any, float, float] | None = None  # result, wall, monotonic
-        self._error: str | None = None
-        self._lock = threading.Lock()
 
-    def busy_for(self) -> float | None:
-        """Seconds the run in flight has taken so far, or None when idle."""
-        with self._lock:
-            if self._pending is None or self._pending.done():
-                return None
-            return time.monotonic() - self._began
+    def describe(self, exc: Exception) -> str:
+        return describe(exc)
 
-    def run(self, collection: Collection, deadline: float) -> tuple[Any, SourceResult[Any]]:
-        """The stage's result for `collection`, or its last good one if it is late. A caller
-        that finds a run in flight joins it (concurrent scrapes share one)."""
-        with self._lock:
-            if self._pending is None or self._pending.done():
-                self._began = time.monotonic()
-                self._pending = self._executor.submit(self._run, collection)
-            future: Future[Any] = self._pending
-            began = self._began
-        wait([future], timeout=max(0.0, began + deadline - time.monotonic()))
-        duration = time.monotonic() - began
-        if future.done():
-            error = self._outcome(future)
-            if error is None:
-                result = future.result()
-                self._last_good = (result, self._clock.time(), time.monotonic())
-                return result, self._status(True, duration, None)
-            return None, self._status(False, duration, error)
-        error = f"stuck: running for {duration:.1f} s"
-        self._log(error)
-        last = self._last_good
-        fresh = last is not None and time.monotonic() - last[2] <= STALE_MAX
-        kept = last[0] if fresh and last is not None else None
-        return kept, self._status(False, duration, error, stuck=True)
+    def failed(self, error: str, exc: Exception) -> None:
+        log.error("%s failed: %s", self.name, error, exc_info=exc)
 
-    def _outcome(self, future: Future[Any]) -> str | None:
-        exc = future.exception()
-        if exc is None:
-            if self._error is not None:
-                log.info("%s recovered", self.name)
-            self._error = None
-            return None
-        error = describe(exc)
-        if error != self._error:
-            log.error("%s failed: %s", self.name, error, exc_info=exc)
-        self._error = error
-        return error
+    def stuck(self) -> None:
+        log.error("%s is stuck: serving its last good result", self.name)
 
-    def _log(self, error: str) -> None:
-        if not (self._error or "").startswith("stuck"):
-            log.error("%s is stuck: serving its last good result", self.name)
-        self._error = error
+    def recovered(self, *, was_stuck: bool) -> None:
+        log.info("%s recovered", self.name)
 
-    def _status(
-        self, ok: bool, duration: float, error: str | None, *, stuck: bool = False
-    ) -> SourceResult[Any]:
-        last = self._last_good
-        return SourceResult(
-            name=self.name,
-            records=None,
-            success=ok,
-            duration_seconds=duration,
-            error=error,
-            stuck=stuck,
-            last_success=last[1] if last is not None else None,
-        )
+    def first_ok(self) -> None:
+        pass
 
 
 def _pod_signals(config: Config, clock: Clock) -> PodCgroupReader:
@@ -193,7 +131,15 @@ class Agent:
         self._start_lock = threading.Lock()
         self._started = threading.Event()
         self._ready = threading.Event()
-        self._attribution = _Stage(ATTRIBUTION_STAGE, self.attributor.attribute, self.clock)
+        # Attribution runs guarded like a source (agent/runtime/guarded.py): its own thread,
+        # the collection deadline, its last good result while it is late.
+        self._attribution: Guarded[Attribution] = Guarded(
+            ATTRIBUTION_STAGE,
+            _StageVoice(ATTRIBUTION_STAGE),
+            thread_name_prefix=f"stage-{ATTRIBUTION_STAGE}",
+            deadline=config.agent.collect_deadline,
+            clock=self.clock,
+        )
         self._collect_lock = threading.Lock()
         self._last: tuple[Scrape, float] | None = None  # the newest scrape, clock when done
         self._generation = 0  # collections done; a scrape that saw it change shares the last
@@ -228,14 +174,24 @@ class Agent:
 
     def _collect(self) -> Scrape:
         collection = self.runner.collect()
-        attribution, status = self._attribution.run(collection, self.config.agent.collect_deadline)
-        return Scrape(collection, attribution, status, read_process_stats())
+        outcome = self._attribution.call(partial(self.attributor.attribute, collection))
+        error = f"stuck: running for {outcome.duration:.1f} s" if outcome.stuck else outcome.error
+        status: SourceResult[Attribution] = SourceResult(
+            name=ATTRIBUTION_STAGE,
+            records=None,  # the stage's result is the scrape's `attribution`
+            success=outcome.ok,
+            duration_seconds=outcome.duration,
+            error=error,
+            stuck=outcome.stuck,
+            last_success=outcome.last_success,
+        )
+        return Scrape(collection, outcome.value, status, read_process_stats())
 
     def stuck(self) -> dict[str, float]:
         """Collectors and stages stuck past their deadline: name -> seconds running."""
         found = self.runner.stuck()
-        busy = self._attribution.busy_for()
-        if busy is not None and busy > self.config.agent.collect_deadline:
+        busy = self._attribution.stuck_for()
+        if busy is not None:
             found[ATTRIBUTION_STAGE] = busy
         return found
 

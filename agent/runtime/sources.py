@@ -1,10 +1,12 @@
 """The source contract and the runner that isolates sources from each other.
 
 A source reads one part of the world (NVML, the kernel, the kubelet) into immutable records.
-The runner calls every enabled source on each collection, times it, and turns any failure
-into a `SourceResult` with `success=False`, so one broken source never fails a scrape or
-takes the agent down. Errors are logged once per change of state, not once per scrape:
-a node with no GPU driver should say so once, not every 15 seconds forever.
+The runner calls every enabled source on each collection, each one guarded
+(agent/runtime/guarded.py: its own thread, a deadline, its last good records when late),
+times it, and turns any failure into a `SourceResult` with `success=False`, so one broken
+source never fails a scrape or takes the agent down. Errors are logged once per change of
+state, not once per scrape: a node with no GPU driver should say so once, not every 15
+seconds forever.
 """
 
 from __future__ import annotations
@@ -12,13 +14,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from collections.abc import Iterable, Mapping
+from concurrent.futures import wait
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Generic, Protocol, TypeVar
 
 from gpuscope.agent.clock import Clock, SystemClock
+from gpuscope.agent.runtime.guarded import STALE_MAX, Guarded, Outcome, call_all
 
 log = logging.getLogger("gpuscope.sources")
 
@@ -133,53 +136,64 @@ class Keyed(Protocol[R_co]):
 RETRY_FIRST = 10.0  # seconds before retrying a source that failed to start
 RETRY_MAX = 300.0  # ... doubling up to this
 DEADLINE = 5.0  # seconds a collection waits for its sources (--collect-deadline)
-STALE_MAX = 300.0  # seconds a stuck source's last good records are still served
 STOP_WAIT = 5.0  # seconds `stop` waits for a source to stop before giving up on it
 
 
-class _Worker:
-    """One source's own thread: every start and collection of that source runs here.
+class _NotStarted(SourceUnavailable):
+    """A collection found its source not started: the start's error, already in one line."""
 
-    A source that hangs (an NVML call blocked in the kernel, a frozen socket) holds only its
-    own thread. While one collection is in flight no other is queued: later requests join
-    it, so a stuck source costs one thread, however many scrapes come.
-    """
+    def __init__(self, error: str) -> None:
+        super().__init__(error)
+        self.error = error
 
-    def __init__(self, source: Source[Any]) -> None:
-        self.source = source
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"src-{source.name}")
-        self._lock = threading.Lock()
-        self._pending: Future[Any] | None = None
-        self._began = 0.0  # time.monotonic() the pending work started
 
-    def request(self, work: Callable[[], Any]) -> tuple[Future[Any], float]:
-        """The work in flight, or `work` submitted now; and when it began (monotonic)."""
-        with self._lock:
-            if self._pending is None or self._pending.done():
-                self._began = time.monotonic()
-                self._pending = self._executor.submit(work)
-            return self._pending, self._began
+class _CollectorVoice:
+    """A source's changes of state in the log, each line naming the collector."""
 
-    def busy_since(self) -> float | None:
-        with self._lock:
-            if self._pending is None or self._pending.done():
-                return None
-            return self._began
+    def __init__(self, name: str, deadline: float, stale_max: float) -> None:
+        self.name = name
+        self._deadline = deadline
+        self._stale_max = stale_max
+        self._extra = {"collector": name}
 
-    def shutdown(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+    def describe(self, exc: Exception) -> str:
+        # A start's error was described when the start failed: said as it was, not again.
+        return exc.error if isinstance(exc, _NotStarted) else describe(exc)
+
+    def failed(self, error: str, exc: Exception) -> None:
+        log.error("collector %s failed: %s", self.name, error, extra=self._extra)
+
+    def stuck(self) -> None:
+        log.error(
+            "collector %s is stuck: no answer within the %.1f s deadline; serving its "
+            "last good data (up to %.0f s old)",
+            self.name,
+            self._deadline,
+            self._stale_max,
+            extra=self._extra,
+        )
+
+    def recovered(self, *, was_stuck: bool) -> None:
+        if was_stuck:
+            log.info("collector %s answers again", self.name, extra=self._extra)
+        else:
+            log.info("collector %s recovered", self.name, extra=self._extra)
+
+    def first_ok(self) -> None:
+        log.debug("collector %s ok", self.name, extra=self._extra)
 
 
 class SourceRunner:
     """Starts, collects from and stops a fixed set of sources, isolating their failures.
 
-    Each source runs on its own worker thread (`_Worker`), all of them at once, and a
-    collection waits for each up to a deadline counted from when that source's work in
-    flight began. A source that raises is reported failed; one that is late is reported
-    *stuck*: failed, with the last good records it returned (up to `STALE_MAX` old) so its
-    series do not vanish while the cause is looked at, and with no second collection queued
-    behind the one in flight. Once stuck it is answered as stuck at once: a hang costs the
-    scrape that first meets it one deadline, and the scrapes after it nothing.
+    Each source runs guarded (`Guarded`, agent/runtime/guarded.py): on a worker thread of its
+    own, where its start and every collection run, all sources at once, and a collection
+    waits for each up to a deadline counted from when that source's work in flight began. A
+    source that raises is reported failed; one that is late is reported *stuck*: failed, with
+    the last good records it returned (up to `STALE_MAX` old) so its series do not vanish
+    while the cause is looked at, and with no second collection queued behind the one in
+    flight. Once stuck it is answered as stuck at once: a hang costs the scrape that first
+    meets it one deadline, and the scrapes after it nothing.
 
     A source that failed to start is retried with a backoff (10 s, doubling to 5 min), not on
     every scrape: starting can be expensive (compiling eBPF programs takes half a second of
@@ -197,14 +211,20 @@ class SourceRunner:
         self._sources = list(sources)
         self._clock = clock or SystemClock()
         self.deadline = deadline
-        self._stale_max = stale_max
-        self._workers = {s.name: _Worker(s) for s in self._sources}
-        self._state_lock = threading.Lock()  # guards the bookkeeping below
+        self._guards: dict[str, Guarded[Any]] = {
+            s.name: Guarded(
+                s.name,
+                _CollectorVoice(s.name, deadline, stale_max),
+                thread_name_prefix=f"src-{s.name}",
+                deadline=deadline,
+                stale_max=stale_max,
+                clock=self._clock,
+            )
+            for s in self._sources
+        }
+        self._state_lock = threading.Lock()  # guards the start bookkeeping below
         self._started: set[str] = set()
-        self._last_error: dict[str, str | None] = {}
         self._start_failure: dict[str, tuple[str, float, float]] = {}  # error, retry at, delay
-        self._last_good: dict[str, tuple[Any, float, float]] = {}  # records, wall, monotonic
-        self._stuck_logged: set[str] = set()
 
     @property
     def names(self) -> list[str]:
@@ -214,7 +234,9 @@ class SourceRunner:
         """Start every source, each on its worker, all at once, waiting up to `deadline`.
         One that fails is retried by later collections, with backoff; one still starting
         when the deadline passes is reported stuck by the collections that follow."""
-        futures = [w.request(partial(self._try_start, w.source))[0] for w in self._workers.values()]
+        futures = [
+            self._guards[s.name].submit(partial(self._try_start, s)).future for s in self._sources
+        ]
         wait(futures, timeout=self.deadline if deadline is None else deadline)
 
     def _try_start(self, source: Source[Any]) -> str | None:
@@ -244,123 +266,48 @@ class SourceRunner:
         Safe from several threads at once: a source's collection in flight is shared by
         everyone who asks while it runs."""
         wanted = None if only is None else set(only)
-        workers = [w for w in self._workers.values() if wanted is None or w.source.name in wanted]
-        collect = {w.source.name: partial(self._collect_one, w.source) for w in workers}
-        requests = {w.source.name: w.request(collect[w.source.name]) for w in workers}
-        results: dict[str, SourceResult[Any]] = {}
-        until = time.monotonic() + self.deadline
-
-        def due(began: float) -> float:
-            # A source's deadline runs from when its work in flight began, not from this
-            # collection: one already stuck is answered at once (a hang costs one deadline,
-            # not one per scrape), one joined mid-way gets what is left of its deadline.
-            return min(until, began + self.deadline)
-
-        while requests:
-            soonest = min(due(began) for _future, began in requests.values())
-            wait(
-                [future for future, _ in requests.values()],
-                timeout=max(0.0, soonest - time.monotonic()),
-                return_when=FIRST_COMPLETED,
-            )
-            now = time.monotonic()
-            for name, (future, began) in list(requests.items()):
-                if future.done():
-                    result = future.result()
-                    if isinstance(result, SourceResult):
-                        results[name] = result
-                        del requests[name]
-                    else:  # the work in flight was the source's start: now collect
-                        requests[name] = self._workers[name].request(collect[name])
-                elif now >= due(began):
-                    results[name] = self._stuck(name, now - began)
-                    del requests[name]
-        results = {w.source.name: results[w.source.name] for w in workers}  # stable order
+        sources = [s for s in self._sources if wanted is None or s.name in wanted]
+        outcomes = call_all(
+            {s.name: (self._guards[s.name], partial(self._read, s)) for s in sources}
+        )
+        results = {s.name: self._result(s.name, outcomes[s.name]) for s in sources}
         return Collection(results=results, collected_at=time.time())
 
-    def _collect_one(self, source: Source[Any]) -> SourceResult[Any]:
-        """Runs on the source's worker; never raises."""
-        began = time.perf_counter()
+    def _read(self, source: Source[Any]) -> Any:
+        """One collection, on the source's worker: started first if it is not yet."""
         error = self._try_start(source)
-        records: Any = None
-        if error is None:
-            try:
-                records = source.collect()
-            except SourceStale as exc:
-                records, error = exc.records, describe(exc)
-            except Exception as exc:  # noqa: BLE001
-                error = describe(exc)
-        duration = time.perf_counter() - began
-        with self._state_lock:
-            if error is None:
-                self._last_good[source.name] = (records, self._clock.time(), time.monotonic())
-            last = self._last_good.get(source.name)
-            self._log_transition(source.name, error)
-        return SourceResult(
-            name=source.name,
-            records=records,
-            success=error is None,
-            duration_seconds=duration,
-            error=error,
-            last_success=last[1] if last is not None else None,
-        )
+        if error is not None:
+            raise _NotStarted(error)
+        return source.collect()
 
-    def _stuck(self, name: str, running: float) -> SourceResult[Any]:
-        """A source still collecting past the deadline: failed, stuck, with its last good
-        records while they are younger than `stale_max`."""
-        error = f"stuck: its collection has been running for {running:.1f} s"
-        with self._state_lock:
-            last = self._last_good.get(name)
-            if name not in self._stuck_logged:
-                self._stuck_logged.add(name)
-                self._last_error[name] = "stuck"
-                log.error(
-                    "collector %s is stuck: no answer within the %.1f s deadline; serving its "
-                    "last good data (up to %.0f s old)",
-                    name,
-                    self.deadline,
-                    self._stale_max,
-                    extra={"collector": name},
-                )
-        records = None
-        if last is not None and time.monotonic() - last[2] <= self._stale_max:
-            records = last[0]
+    @staticmethod
+    def _result(name: str, outcome: Outcome[Any]) -> SourceResult[Any]:
+        """A source's part of the collection: failed, with the last records a `SourceStale`
+        kept; or stuck, with its last good records (`Guarded` keeps them)."""
+        records = outcome.value
+        error = outcome.error
+        if outcome.stuck:
+            error = f"stuck: its collection has been running for {outcome.duration:.1f} s"
+        elif isinstance(outcome.exc, SourceStale):
+            records = outcome.exc.records
         return SourceResult(
             name=name,
             records=records,
-            success=False,
-            duration_seconds=running,
+            success=outcome.ok,
+            duration_seconds=outcome.duration,
             error=error,
-            stuck=True,
-            last_success=last[1] if last is not None else None,
+            stuck=outcome.stuck,
+            last_success=outcome.last_success,
         )
 
     def stuck(self) -> dict[str, float]:
         """Sources whose collection in flight is past the deadline: name -> seconds running."""
-        now = time.monotonic()
         found = {}
-        for name, worker in self._workers.items():
-            began = worker.busy_since()
-            if began is not None and now - began > self.deadline:
-                found[name] = now - began
+        for name, guard in self._guards.items():
+            running = guard.stuck_for()
+            if running is not None:
+                found[name] = running
         return found
-
-    def _log_transition(self, name: str, error: str | None) -> None:
-        """Called with the state lock held."""
-        previous = self._last_error.get(name, None)
-        first = name not in self._last_error
-        self._last_error[name] = error
-        if name in self._stuck_logged and error is None:
-            self._stuck_logged.discard(name)
-            log.info("collector %s answers again", name, extra={"collector": name})
-            return
-        self._stuck_logged.discard(name)
-        if error is not None and error != previous:
-            log.error("collector %s failed: %s", name, error, extra={"collector": name})
-        elif error is None and previous is not None:
-            log.info("collector %s recovered", name, extra={"collector": name})
-        elif error is None and first:
-            log.debug("collector %s ok", name, extra={"collector": name})
 
     def stop(self) -> None:
         """Stop every source, each given `STOP_WAIT` seconds: a source stuck in a call may
@@ -379,8 +326,8 @@ class SourceRunner:
             threading.Thread(target=stop_one, name=f"stop-{source.name}", daemon=True).start()
             if not done.wait(STOP_WAIT):
                 log.warning("collector %s did not stop within %.0f s", source.name, STOP_WAIT)
-        for worker in self._workers.values():
-            worker.shutdown()
+        for guard in self._guards.values():
+            guard.shutdown()
         with self._state_lock:
             self._started.clear()
 

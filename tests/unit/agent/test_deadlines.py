@@ -269,7 +269,6 @@ def test_a_stuck_attribution_stage_serves_its_last_result() -> None:
     try:
         before = agent.collect().attribution
         agent.attributor.attribute = stuck_attribute  # type: ignore[method-assign]
-        agent._attribution._run = stuck_attribute  # the stage holds the bound method
         scraped = agent.collect()
         assert scraped.attribution is before
         assert scraped.attribution_status is not None and scraped.attribution_status.stuck
