@@ -38,6 +38,10 @@ sys.path.insert(0, str(REPO))
 from bench.bench_gpu import proc_cpu_seconds, proc_rss_mb  # noqa: E402
 from gpuscope.agent.app.agent import Agent  # noqa: E402
 from gpuscope.agent.app.config import parse  # noqa: E402
+from gpuscope.agent.attribution.accounts import Accounts  # noqa: E402
+from gpuscope.agent.attribution.energy import Energy  # noqa: E402
+from gpuscope.agent.attribution.signals import Signals  # noqa: E402
+from gpuscope.agent.k8s.collector import PODS as PODS_SOURCE  # noqa: E402
 from gpuscope.agent.k8s.pod_cgroup_usage import PodCgroupReader  # noqa: E402
 from tests.doubles.fakenvml.control import FakeNvml, ensure_built  # noqa: E402
 from tests.doubles.simnode import GIB, ContainerSpec, SimNode  # noqa: E402
@@ -147,11 +151,13 @@ def stage_times(full: Agent, n: int) -> tuple[list[float], list[float]]:
     activity), per call."""
     collection = full.collect().collection
     att = full.attributor
+    accounts, energy = att.stages["accounts"], att.stages["energy"]
+    assert isinstance(accounts, Accounts) and isinstance(energy, Energy)
     spent = [0.0]
     for obj, name in (
-        (att._energy, "evaluate"),
-        (att._low, "evaluate"),
-        (att._mig_active, "update"),
+        (energy.accountant, "evaluate"),
+        (accounts.low, "evaluate"),
+        (accounts.mig_active, "update"),
     ):
         _timed(obj, name, spent)
     whole, new = [], []
@@ -181,28 +187,32 @@ def signal_costs(full: Agent, n: int) -> SignalCosts:
     where every scrape finds the 1 s cache expired), and the reader's memory for every pod.
     The stage is where the reads happen; the rest of a render does not change."""
     att = full.attributor
-    reader = att._signals
+    stage = att.stages["signals"]
+    assert isinstance(stage, Signals)
+    reader = stage.reader
     assert reader is not None
     collection = full.collect().collection
+    pods = collection.last_records(PODS_SOURCE)
+    assert pods is not None
     gpu_reader = PodCgroupReader(reader.roots, interval=0.0)
     all_reader = PodCgroupReader(reader.roots, interval=0.0)
     modes: dict[str, list[float]] = {"off": [], "gpu": [], "all": []}
     settings = {"off": (None, False), "gpu": (gpu_reader, False), "all": (all_reader, True)}
     for signals, every in settings.values():  # warm up: the searches, once
-        att._signals, att._signals_all = signals, every
+        stage.reader, stage.all_pods = signals, every
         att.attribute(collection)
     pods_read = len(att.attribute(collection).pod_signals)
     for _ in range(n):
         for mode, (signals, every) in settings.items():
-            att._signals, att._signals_all = signals, every
+            stage.reader, stage.all_pods = signals, every
             t = time.perf_counter()
             att.attribute(collection)
             modes[mode].append(time.perf_counter() - t)
-    att._signals, att._signals_all = reader, False
+    stage.reader, stage.all_pods = reader, False
     tracemalloc.start()
     kept = PodCgroupReader(reader.roots)
     before = tracemalloc.get_traced_memory()[0]
-    kept.read(list(att._pods))
+    kept.read(list(pods.pods))
     kept_kb = (tracemalloc.get_traced_memory()[0] - before) / 1024
     tracemalloc.stop()
     return SignalCosts(modes["off"], modes["gpu"], modes["all"], pods_read, kept_kb)

@@ -27,7 +27,11 @@ from collections.abc import Mapping, Sequence
 
 from gpuscope.agent.attribution import mig
 from gpuscope.agent.attribution.records import GpuHolding, PodEnergy, PodGpuUsage, PodRef
+from gpuscope.agent.attribution.spec import StageContext, StageSpec
+from gpuscope.agent.attribution.state import Joined, pod_ref
 from gpuscope.agent.gpu.records import GpuReading
+from gpuscope.agent.k8s.records import PodMeta
+from gpuscope.agent.runtime.sources import Collection
 
 PodKey = tuple[str, str]  # namespace, pod
 
@@ -119,3 +123,47 @@ def _split(
     if len(known) < len(weights) or total <= 0:
         return {pod: 1.0 / len(whole) for pod in whole}
     return {pod: (w or 0.0) / total for pod, w in zip(whole, weights, strict=True)}
+
+
+class Energy:
+    """Stage `energy`: the accountant fed with this collection's holders and usage; while
+    the kubelet does not answer nobody is known to hold a GPU, so it credits nobody."""
+
+    def __init__(self) -> None:
+        self.accountant = EnergyAccountant()
+
+    def __call__(self, collection: Collection, state: Joined) -> None:
+        holdings = state.holdings
+        if holdings is None:
+            self.accountant.forget_baselines()
+            state.energy = ()
+            return
+        refs = _refs(holdings, state.by_name)
+        state.energy = self.accountant.evaluate(state.readings, state.holders, state.usage, refs)
+
+
+def _refs(
+    holdings: Sequence[GpuHolding], by_name: Mapping[tuple[str, str], PodMeta]
+) -> dict[PodKey, PodRef]:
+    """Each holder pod as users name it: the API's pod, else the kubelet's names alone."""
+    out: dict[PodKey, PodRef] = {}
+    for h in holdings:
+        meta = by_name.get((h.namespace, h.pod))
+        out[(h.namespace, h.pod)] = (
+            pod_ref(meta) if meta is not None else PodRef("", h.namespace, h.pod, h.workload)
+        )
+    return out
+
+
+def _build(_: StageContext) -> Energy:
+    return Energy()
+
+
+ENERGY = StageSpec(
+    name="energy",
+    summary="Each GPU's energy since the last collection, credited to the pods holding it.",
+    sources=(),
+    reads=("holdings", "readings", "holders", "usage", "by_name"),
+    adds=("energy",),
+    build=_build,
+)

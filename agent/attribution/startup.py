@@ -22,7 +22,13 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
+from gpuscope.agent.attribution.records import PodStartup
+from gpuscope.agent.attribution.spec import StageContext, StageSpec
+from gpuscope.agent.attribution.state import Joined, pod_ref
+from gpuscope.agent.clock import Clock
+from gpuscope.agent.gpu.collector import GPU
 from gpuscope.agent.k8s.records import PodMeta
+from gpuscope.agent.runtime import sources
 
 
 class StartupTracker:
@@ -60,3 +66,35 @@ class StartupTracker:
                 continue  # it may have run before the agent could see: not known
             self._known[uid] = max(0.0, first - meta.scheduled_at)
         return dict(self._known)
+
+
+class Startups:
+    """Stage `startups`: the tracker fed with the pods active now. An evaluation without GPU
+    records blinds it (activity meanwhile is unseen)."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.tracker = StartupTracker()
+        self._clock = clock
+
+    def __call__(self, collection: sources.Collection, state: Joined) -> None:
+        if collection.records(GPU) is None:
+            self.tracker.blind()
+            state.startups = ()
+            return
+        by_uid = state.by_uid
+        known = self.tracker.evaluate(state.active, by_uid, self._clock.time())
+        state.startups = tuple(PodStartup(pod_ref(by_uid[u]), s) for u, s in sorted(known.items()))
+
+
+def _build(ctx: StageContext) -> Startups:
+    return Startups(ctx.clock)
+
+
+STARTUPS = StageSpec(
+    name="startups",
+    summary="Seconds from each pod's scheduling to its first GPU activity, where known.",
+    sources=(GPU,),
+    reads=("by_uid", "active"),
+    adds=("startups",),
+    build=_build,
+)
