@@ -121,10 +121,12 @@ def bench_gpm_render(state: Path, rounds: int) -> dict[str, float]:
             gpus=tuple(
                 dataclasses.replace(
                     r,
-                    gpm=None,
                     sm_active_seconds=None,
-                    tensor_active_seconds=None,
-                    dram_active_seconds=None,
+                    extension=dataclasses.replace(
+                        r.extension, gpm=None, tensor_active_seconds=None, dram_active_seconds=None
+                    )
+                    if r.extension is not None
+                    else None,
                 )
                 for r in with_gpm.gpus
             ),

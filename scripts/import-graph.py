@@ -52,7 +52,15 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ),
     ),
     ("runtime", ("gpuscope.agent.runtime",)),  # source contract, guarded runs, declarations
-    ("sources", ("gpuscope.agent.gpu", "gpuscope.agent.net", "gpuscope.agent.k8s")),
+    (
+        "sources",
+        (
+            "gpuscope.agent.accelerators",
+            "gpuscope.agent.gpu",
+            "gpuscope.agent.net",
+            "gpuscope.agent.k8s",
+        ),
+    ),
     ("stages", ("gpuscope.agent.attribution",)),
     ("exporters", ("gpuscope.exporters",)),
     ("serve", ("gpuscope.agent.serve",)),

@@ -15,7 +15,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from gpuscope.agent.app.config import Config
 from gpuscope.agent.app.exposition import exposition_of
-from gpuscope.agent.app.registry import BY_NAME
+from gpuscope.agent.app.registry import BY_NAME, accelerators
 from gpuscope.agent.attribution.records import Attribution
 from gpuscope.agent.attribution.stage import Attributor
 from gpuscope.agent.clock import Clock, SystemClock
@@ -124,6 +124,7 @@ class Agent:
             clock=self.clock,
             options=config.attribution,
             pod_signals=_pod_signals(config, self.clock),
+            accelerators=accelerators(config.collectors),
         )
         self.registry = CollectorRegistry(auto_describe=False)
         self.collector = PrometheusExporter(self.collect, exposition_of(config))

@@ -20,7 +20,7 @@ from gpuscope.agent import logs
 from gpuscope.agent.app.agent import Agent
 from gpuscope.agent.app.config import Config, ConfigError, parse
 from gpuscope.agent.app.config import build_parser as agent_parser
-from gpuscope.agent.gpu.collector import GPU
+from gpuscope.agent.app.registry import accelerators
 from gpuscope.agent.labels import cli as labels_cli
 from gpuscope.agent.labels.loop import LabelsLoop, make_publisher
 from gpuscope.agent.runtime.accelerators import DeviceWatch
@@ -131,10 +131,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def start_labels(config: Config, agent: Agent) -> LabelsLoop | None:
     publish = make_publisher(config)
-    if publish is None or GPU.name not in config.collectors:
+    enabled = accelerators(config.collectors)
+    if publish is None or not enabled:
         return None
-    gpu = agent.source(GPU.name)  # a stand-in for a missing dependency watches nothing
-    loop = LabelsLoop(config, agent.runner, gpu if isinstance(gpu, DeviceWatch) else None, publish)
+    source = agent.source(enabled[0].name)  # a stand-in for a missing dependency: no watch
+    watch = source if isinstance(source, DeviceWatch) else None
+    loop = LabelsLoop(config, agent.runner, watch, publish)
     loop.start()
     return loop
 

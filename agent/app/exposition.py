@@ -12,7 +12,7 @@ from functools import cache
 from typing import Any
 
 from gpuscope.agent.app.config import Config
-from gpuscope.agent.app.registry import BY_NAME, COLLECTORS
+from gpuscope.agent.app.registry import BY_NAME, COLLECTORS, accelerators
 from gpuscope.agent.gpu.collector import GPU
 from gpuscope.exporters.prometheus.catalog import Catalog
 from gpuscope.exporters.prometheus.detail import MetricSelection
@@ -49,6 +49,7 @@ def exposition_of(
         selection=selection_of(config),
         max_pods_per_scrape=config.attribution.max_pods_per_scrape,
         node_label=config.agent.node_name if config.agent.series_node_label else None,
+        accelerators=accelerators(config.collectors),
     )
 
 

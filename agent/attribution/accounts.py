@@ -2,8 +2,9 @@
 sat idle and how much memory runs outside its allocation; per workload, the idle and
 low-activity GPU-seconds and their causes.
 
-MIG devices are accounted as devices of their own, keyed by MIG UUID, with GPM's idle time
-of their GPU instance and their share of the GPU (agent/attribution/mig.py); the idle and
+Partitions (MIG devices) are accounted as devices of their own, keyed by their UUID, with
+their own idle time (NVIDIA: GPM's, of their GPU instance) and their share of the GPU
+(agent/accelerators/records.py, `Partition`); the idle and
 low-activity accountants (agent/attribution/idle.py, activity.py) keep the counters, and
 charge each interval to a cause through stage `signals`' judge. Without the kubelet nothing
 is figured: the accountants forget their baselines rather than guess who held a GPU
@@ -15,21 +16,28 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
+from gpuscope.agent.accelerators.records import AnyAccelerators, AnyReading
 from gpuscope.agent.attribution import mig
 from gpuscope.agent.attribution.activity import ActivityInput, LowActivityAccountant
+from gpuscope.agent.attribution.devices import ACCELERATORS, devices
 from gpuscope.agent.attribution.idle import GpuIdleInput, IdleAccountant, Judge
 from gpuscope.agent.attribution.records import GpuHolding, GpuStatus, MigStatus, PodGpuUsage
 from gpuscope.agent.attribution.spec import StageContext, StageSpec
 from gpuscope.agent.attribution.state import Joined, WorkloadsKept
 from gpuscope.agent.clock import Clock
-from gpuscope.agent.gpu.collector import GPU
-from gpuscope.agent.gpu.records import GpuReading
-from gpuscope.agent.runtime.sources import Collection
+from gpuscope.agent.runtime.sources import Collection, Keyed
 
 
 class Accounts:
-    def __init__(self, idle: IdleAccountant, low: LowActivityAccountant, clock: Clock) -> None:
+    def __init__(
+        self,
+        idle: IdleAccountant,
+        low: LowActivityAccountant,
+        clock: Clock,
+        accelerators: Sequence[Keyed[AnyAccelerators]] | None,
+    ) -> None:
         self.idle = idle
+        self._accelerators = accelerators
         self.low = low
         self.mig_active = mig.LastActive()
         self._clock = clock
@@ -42,7 +50,7 @@ class Accounts:
             state.idle_seconds_total, state.low_activity_seconds_total = {}, {}
             state.idle_cause_seconds_total, state.low_activity_cause_seconds_total = {}, {}
             return
-        gpu = collection.records(GPU)
+        gpu = devices(collection, self._accelerators)
         refused = gpu.processes_refused if gpu is not None else frozenset()
         state.gpus, state.migs = self._statuses(
             state.readings, state.holders, state.usage, refused, state.judge
@@ -58,7 +66,7 @@ class Accounts:
 
     def _statuses(
         self,
-        readings: Sequence[GpuReading],
+        readings: Sequence[AnyReading],
         holders: Mapping[str, list[GpuHolding]],
         usage: Sequence[PodGpuUsage],
         refused: frozenset[str],
@@ -75,20 +83,14 @@ class Accounts:
                 unallocated[u.uuid] += u.memory_bytes  # a pod using a GPU it was not given
             # A pod whose name the API never gave cannot be compared: not counted.
         now, monotonic = self._clock.time(), self._clock.monotonic()
-        devices = {m.mig_uuid: (r, m) for r in readings for m in r.mig_instances}
+        parts = {p.uuid: (r, p) for r in readings for p in r.partitions}
         by_device: dict[str, list[GpuHolding]] = dict(holders)
         for h in (h for hs in holders.values() for h in hs if h.mig_uuid):
             by_device.setdefault(h.mig_uuid, []).append(h)
-        weight = {u: w for r in readings if r.mig_instances for u, w in mig.shares(r).items()}
-        last_active = self.mig_active.update({u: m for u, (_, m) in devices.items()}, now)
+        last_active = self.mig_active.update({u: p for u, (_, p) in parts.items()}, now)
         mig_inputs = [
-            GpuIdleInput(
-                u,
-                m.integrals.idle_seconds if m.integrals is not None else None,
-                last_active.get(u),
-                weight.get(u, 0.0),
-            )
-            for u, (_, m) in devices.items()
+            GpuIdleInput(u, p.idle_seconds, last_active.get(u), p.share)
+            for u, (_, p) in parts.items()
         ]
         gpu_inputs = [
             GpuIdleInput(r.identity.uuid, r.idle_seconds, r.last_active_timestamp) for r in readings
@@ -101,14 +103,12 @@ class Accounts:
                 *(
                     ActivityInput(r.identity.uuid, r.busy_seconds, r.sm_active_seconds)
                     for r in readings
-                    if not r.mig_instances
+                    if not r.partitions
                 ),
-                *(
-                    ActivityInput(
-                        u, m.integrals.busy_seconds, m.integrals.sm_active_seconds, weight[u]
-                    )
-                    for u, (_, m) in devices.items()
-                    if m.integrals is not None
+                *(  # partitions whose activity is measured (NVIDIA: GPM of their instance)
+                    ActivityInput(u, p.busy_seconds, p.sm_active_seconds, p.share)
+                    for u, (_, p) in parts.items()
+                    if p.busy_seconds is not None
                 ),
             ],
             by_device,
@@ -135,7 +135,7 @@ class Accounts:
                 allocated=any(h.mig_uuid == u for h in holders.get(r.identity.uuid, [])),
                 idle_seconds=gauges.get(u),
             )
-            for u, (r, m) in devices.items()
+            for u, (r, _) in parts.items()
         )
         return statuses, migs
 
@@ -151,6 +151,7 @@ def _build(ctx: StageContext) -> Accounts:
             opts.max_workloads,
         ),
         ctx.clock,
+        ctx.accelerators,
     )
 
 
@@ -158,7 +159,7 @@ ACCOUNTS = StageSpec(
     name="accounts",
     summary="Per GPU and MIG device: allocated, idle, unallocated memory; per workload: "
     "idle and low-activity GPU-seconds, each charged to a cause.",
-    sources=(GPU,),
+    sources=(ACCELERATORS,),
     reads=("holdings", "readings", "holders", "usage", "judge"),
     adds=(
         "gpus",

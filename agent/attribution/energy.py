@@ -1,7 +1,8 @@
 """Energy per pod: each GPU's energy counter split between the pods on it.
 
 Every evaluation (one per collection) takes the GPU's energy since the previous one
-(`GpuReading.energy_joules`, NVML's total energy counter or the sampler's integral of power)
+(`AcceleratorReading.energy_joules`: NVIDIA's total energy counter, or the sampler's
+integral of power)
 and credits it:
 
 - a GPU one pod holds: all of it to that pod;
@@ -9,9 +10,9 @@ and credits it:
   utilization on it over the same interval (NVML's per-process samples since the previous
   read, `PodGpuUsage.utilization_ratio`); equally between the holders when none of them
   ran a kernel or NVML gave no per-process figures;
-- a MIG-enabled GPU: each MIG device's share of the GPU (its GPU instance's compute slices,
-  agent/attribution/mig.py) to the pods holding that device, equally; energy of instances
-  nobody holds is credited to nobody.
+- a partitioned GPU (MIG): each partition's share of the GPU (`Partition.share`; a MIG
+  device's: its GPU instance's compute slices, agent/gpu/partitions.py) to the pods holding
+  that partition, equally; energy of partitions nobody holds is credited to nobody.
 
 The counter of a (GPU, pod) starts at 0 when the agent first sees the pod on the GPU (that
 interval is credited to nobody: what the pod spent before is not known) and is
@@ -25,11 +26,10 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
-from gpuscope.agent.attribution import mig
+from gpuscope.agent.accelerators.records import AnyReading
 from gpuscope.agent.attribution.records import GpuHolding, PodEnergy, PodGpuUsage, PodRef
 from gpuscope.agent.attribution.spec import StageContext, StageSpec
 from gpuscope.agent.attribution.state import Joined, pod_ref
-from gpuscope.agent.gpu.records import GpuReading
 from gpuscope.agent.k8s.records import PodMeta
 from gpuscope.agent.runtime.sources import Collection
 
@@ -48,7 +48,7 @@ class EnergyAccountant:
 
     def evaluate(
         self,
-        readings: Sequence[GpuReading],
+        readings: Sequence[AnyReading],
         holders: Mapping[str, list[GpuHolding]],
         usage: Sequence[PodGpuUsage],
         refs: Mapping[PodKey, PodRef],
@@ -95,7 +95,7 @@ class EnergyAccountant:
 
 
 def _split(
-    reading: GpuReading,
+    reading: AnyReading,
     holders: Sequence[GpuHolding],
     util: Mapping[tuple[str, PodKey], float | None],
 ) -> dict[PodKey, float]:
@@ -108,8 +108,8 @@ def _split(
         if pod not in target:
             target.append(pod)
     out: dict[PodKey, float] = defaultdict(float)
-    if reading.mig_instances and by_mig:
-        device_share = mig.shares(reading)
+    if reading.partitions and by_mig:
+        device_share = {p.uuid: p.share for p in reading.partitions}
         for mig_uuid, pods in by_mig.items():
             for pod in pods:
                 out[pod] += device_share.get(mig_uuid, 0.0) / len(pods)

@@ -14,32 +14,36 @@ import logging
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
-from gpuscope.agent.attribution import mig
+from gpuscope.agent.accelerators.records import AnyAccelerators
+from gpuscope.agent.attribution.devices import ACCELERATORS, Devices, devices
 from gpuscope.agent.attribution.records import GpuHolding
 from gpuscope.agent.attribution.spec import StageContext, StageSpec
 from gpuscope.agent.attribution.state import NO_WORKLOAD, Joined
-from gpuscope.agent.gpu.collector import GPU
-from gpuscope.agent.gpu.records import GpuSnapshot
 from gpuscope.agent.k8s.collector import KUBELET
 from gpuscope.agent.k8s.dra_collector import DRA
 from gpuscope.agent.k8s.dra_records import DraSnapshot
 from gpuscope.agent.k8s.podresources.gpus import match_gpus
 from gpuscope.agent.k8s.podresources.records import KubeletSnapshot
 from gpuscope.agent.k8s.records import PodMeta
-from gpuscope.agent.runtime.sources import Collection
+from gpuscope.agent.runtime.sources import Collection, Keyed
 
 log = logging.getLogger("gpuscope.attribution")
 
 
 class Holdings:
-    def __init__(self, gpu_resource_names: Sequence[str]) -> None:
+    def __init__(
+        self,
+        gpu_resource_names: Sequence[str],
+        accelerators: Sequence[Keyed[AnyAccelerators]] | None,
+    ) -> None:
         self._resources = tuple(gpu_resource_names)
+        self._accelerators = accelerators
         self._unmatched_logged: set[str] = set()
         self._dra_unresolved: frozenset[str] = frozenset()
 
     def __call__(self, collection: Collection, state: Joined) -> None:
         kubelet = collection.records(KUBELET)
-        gpu = collection.records(GPU)
+        gpu = devices(collection, self._accelerators)
         dra = collection.last_records(DRA)  # allocations survive an API outage
         holdings = self._holdings(kubelet, gpu, state.by_name, dra) if kubelet is not None else None
         holders: dict[str, list[GpuHolding]] = defaultdict(list)
@@ -50,18 +54,19 @@ class Holdings:
     def _holdings(
         self,
         kubelet: KubeletSnapshot,
-        gpu: GpuSnapshot | None,
+        gpu: Devices | None,
         by_name: Mapping[tuple[str, str], PodMeta],
         dra: DraSnapshot | None,
     ) -> tuple[GpuHolding, ...]:
         if gpu is None:
             return ()
-        index = {r.identity.uuid: r.identity.index for r in gpu.gpus if r.identity.uuid}
-        migs = {m.mig_uuid: r.identity.uuid for r in gpu.gpus for m in r.mig_instances}
+        index = {r.identity.uuid: r.identity.index for r in gpu.readings if r.identity.uuid}
+        migs = {p.uuid: r.identity.uuid for r in gpu.readings for p in r.partitions}
         match = match_gpus(kubelet.pods, self._resources, gpu_uuids=index, mig_uuids=migs)
         allocations = [(a.uuid, a.namespace, a.pod, a.container) for a in match.allocations]
-        mig_names = mig.mig_ids(gpu.gpus)
-        held_migs = {  # the MIG devices of each allocation above (DRA's: none yet)
+        # Every id a device plugin may give a partition -> its UUID.
+        mig_names = {i: p.uuid for r in gpu.readings for p in r.partitions for i in p.ids}
+        held_migs = {  # the partitions of each allocation above (DRA's: none yet)
             (a.uuid, a.namespace, a.pod, a.container, mig_names.get(a.mig_uuid, a.mig_uuid))
             for a in match.allocations
             if a.mig_uuid
@@ -133,14 +138,14 @@ class Holdings:
 
 
 def _build(ctx: StageContext) -> Holdings:
-    return Holdings(ctx.gpu_resource_names)
+    return Holdings(ctx.gpu_resource_names, ctx.accelerators)
 
 
 HOLDINGS = StageSpec(
     name="holdings",
     summary="Which container holds which GPU or MIG device: the kubelet's and DRA's "
     "allocations, by the GPU records' UUIDs.",
-    sources=(GPU, KUBELET, DRA),
+    sources=(ACCELERATORS, KUBELET, DRA),
     reads=("by_name",),
     adds=("holdings", "holders"),
     build=_build,

@@ -10,11 +10,12 @@ docs/architecture.md ("Attribution") is read off the declarations.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from gpuscope.agent.accelerators.records import AnyAccelerators
 from gpuscope.agent.attribution.idle import IdleAccountant
 from gpuscope.agent.attribution.options import AttributionOptions
 from gpuscope.agent.attribution.state import Joined
@@ -37,6 +38,9 @@ class StageContext:
     # a failing file is logged once per change of state, whichever stage met it.
     fs: HostFs
     idle: IdleAccountant | None = None  # a prepared idle accountant; None: from `options`
+    # The accelerator collectors whose devices are attributed (agent/attribution/devices.py);
+    # None: every result whose records are an AcceleratorSnapshot.
+    accelerators: Sequence[Keyed[AnyAccelerators]] | None = None
 
 
 class Stage(Protocol):

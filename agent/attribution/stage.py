@@ -16,6 +16,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from gpuscope.agent.accelerators.records import AnyAccelerators
 from gpuscope.agent.attribution.idle import IdleAccountant
 from gpuscope.agent.attribution.options import AttributionOptions
 from gpuscope.agent.attribution.records import Attribution
@@ -26,7 +27,7 @@ from gpuscope.agent.clock import Clock, SystemClock
 from gpuscope.agent.hostfs import HostFs, Reason
 from gpuscope.agent.k8s.pod_cgroup_usage import PodCgroupReader
 from gpuscope.agent.k8s.podresources.gpus import DEFAULT_GPU_RESOURCES
-from gpuscope.agent.runtime.sources import Collection
+from gpuscope.agent.runtime.sources import Collection, Keyed
 
 log = logging.getLogger("gpuscope.attribution")
 
@@ -43,7 +44,10 @@ class Attributor:
         idle: IdleAccountant | None = None,
         options: AttributionOptions | None = None,
         pod_signals: PodCgroupReader | None = None,
+        accelerators: Sequence[Keyed[AnyAccelerators]] | None = None,
     ) -> None:
+        """`accelerators`: the collectors whose devices are attributed (the app passes the
+        enabled ones of role ACCELERATOR); None: every result with accelerator records."""
         self.context = StageContext(
             procfs=procfs,
             gpu_resource_names=tuple(gpu_resource_names),
@@ -52,6 +56,7 @@ class Attributor:
             pod_signals=pod_signals,
             fs=HostFs("attribution", logger=log),
             idle=idle,
+            accelerators=accelerators,
         )
         # Built once, so that what a stage keeps lasts from one collection to the next.
         self.stages: dict[str, Stage] = {s.name: s.build(self.context) for s in STAGES}

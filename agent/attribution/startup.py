@@ -20,13 +20,14 @@ while the pod is in the pods list and forgotten when it leaves.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 
+from gpuscope.agent.accelerators.records import AnyAccelerators
+from gpuscope.agent.attribution.devices import ACCELERATORS, devices
 from gpuscope.agent.attribution.records import PodStartup
 from gpuscope.agent.attribution.spec import StageContext, StageSpec
 from gpuscope.agent.attribution.state import Joined, pod_ref
 from gpuscope.agent.clock import Clock
-from gpuscope.agent.gpu.collector import GPU
 from gpuscope.agent.k8s.records import PodMeta
 from gpuscope.agent.runtime import sources
 
@@ -72,12 +73,15 @@ class Startups:
     """Stage `startups`: the tracker fed with the pods active now. An evaluation without GPU
     records blinds it (activity meanwhile is unseen)."""
 
-    def __init__(self, clock: Clock) -> None:
+    def __init__(
+        self, clock: Clock, accelerators: Sequence[sources.Keyed[AnyAccelerators]] | None
+    ) -> None:
         self.tracker = StartupTracker()
         self._clock = clock
+        self._accelerators = accelerators
 
     def __call__(self, collection: sources.Collection, state: Joined) -> None:
-        if collection.records(GPU) is None:
+        if devices(collection, self._accelerators) is None:
             self.tracker.blind()
             state.startups = ()
             return
@@ -87,13 +91,13 @@ class Startups:
 
 
 def _build(ctx: StageContext) -> Startups:
-    return Startups(ctx.clock)
+    return Startups(ctx.clock, ctx.accelerators)
 
 
 STARTUPS = StageSpec(
     name="startups",
     summary="Seconds from each pod's scheduling to its first GPU activity, where known.",
-    sources=(GPU,),
+    sources=(ACCELERATORS,),
     reads=("by_uid", "active"),
     adds=("startups",),
     build=_build,

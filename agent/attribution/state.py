@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Set
 from dataclasses import dataclass
 
+from gpuscope.agent.accelerators.records import AnyReading
 from gpuscope.agent.attribution.idle import Judge
 from gpuscope.agent.attribution.records import (
     CauseKey,
@@ -26,7 +27,6 @@ from gpuscope.agent.attribution.records import (
     PodSignals,
     PodStartup,
 )
-from gpuscope.agent.gpu.records import GpuReading
 from gpuscope.agent.k8s.records import PodMeta
 from gpuscope.agent.k8s.workloads import Workload
 
@@ -60,7 +60,7 @@ class Joined:
     holdings: tuple[GpuHolding, ...] | None
     holders: Mapping[str, list[GpuHolding]]  # by GPU UUID
     # usage
-    readings: tuple[GpuReading, ...]  # the GPUs that answered
+    readings: tuple[AnyReading, ...]  # the GPUs that answered, every accelerator collector's
     usage: tuple[PodGpuUsage, ...]
     active: Set[str]  # UIDs of pods with GPU activity now
     # startups

@@ -14,35 +14,38 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TypeVar
 
+from gpuscope.agent.accelerators.records import AnyAccelerators, AnyReading, DeviceProcess
+from gpuscope.agent.attribution.devices import ACCELERATORS, devices
 from gpuscope.agent.attribution.processes import Dropped, process_pod
 from gpuscope.agent.attribution.records import GpuHolding, PodGpuUsage, PodRef
 from gpuscope.agent.attribution.spec import StageContext, StageSpec
 from gpuscope.agent.attribution.state import NO_WORKLOAD, Joined, pod_ref
-from gpuscope.agent.gpu.collector import GPU
-from gpuscope.agent.gpu.records import GpuProcess, GpuReading
 from gpuscope.agent.hostfs import HostFs
 from gpuscope.agent.k8s.cgroups import PodCgroup
 from gpuscope.agent.k8s.records import PodMeta
-from gpuscope.agent.runtime.sources import Collection, describe
+from gpuscope.agent.runtime.sources import Collection, Keyed, describe
 
 UsageKey = tuple[int, str, str, str]  # GPU index, GPU UUID, pod UID, container id
 
 
 class Usage:
-    def __init__(self, procfs: Path, fs: HostFs) -> None:
+    def __init__(
+        self, procfs: Path, fs: HostFs, accelerators: Sequence[Keyed[AnyAccelerators]] | None
+    ) -> None:
         self._procfs = procfs
         self._fs = fs
+        self._accelerators = accelerators
 
     def __call__(self, collection: Collection, state: Joined) -> None:
-        gpu = collection.records(GPU)
-        readings = tuple(r for r in gpu.gpus if r.up) if gpu is not None else ()
+        gpu = devices(collection, self._accelerators)
+        readings = tuple(r for r in gpu.readings if r.up) if gpu is not None else ()
         active: set[str] = set()
         state.usage = self._usage(readings, state.by_uid, state.holders, active)
         state.readings, state.active = readings, active
 
     def _usage(
         self,
-        readings: Sequence[GpuReading],
+        readings: Sequence[AnyReading],
         by_uid: Mapping[str, PodMeta],
         holders: Mapping[str, list[GpuHolding]],
         active: set[str],
@@ -51,11 +54,13 @@ class Usage:
         GPU activity now (agent/attribution/startup.py)."""
         memory: dict[UsageKey, int | None] = {}
         util: dict[UsageKey, float | None] = {}
-        in_mig: dict[UsageKey, set[tuple[str, int]]] = defaultdict(set)
-        mig_users: dict[tuple[str, int], set[UsageKey]] = defaultdict(set)
+        # The partitions' activity groups each container's processes run in, and who runs in
+        # each group (NVIDIA: the GPU instances of MIG devices).
+        in_mig: dict[UsageKey, set[str]] = defaultdict(set)
+        mig_users: dict[str, set[UsageKey]] = defaultdict(set)
         for reading in readings:
             uuid, gpu = reading.identity.uuid, reading.identity.index
-            gi_of = {m.mig_uuid: m.gpu_instance for m in reading.mig_instances}
+            gi_of = {p.uuid: p.activity_group or p.uuid for p in reading.partitions}
             for proc in reading.processes:
                 owner = self._owner(proc.pid)
                 if owner is None:
@@ -64,10 +69,10 @@ class Usage:
                     active.add(owner.pod_uid)
                 key = (gpu, uuid, owner.pod_uid, owner.container_id or "")
                 memory[key] = _add(memory.get(key, 0), proc.used_memory_bytes)
-                util[key] = _add(util.get(key, 0.0), proc.sm_utilization_ratio)
-                if proc.mig_uuid in gi_of:
-                    in_mig[key].add((uuid, gi_of[proc.mig_uuid]))
-                    mig_users[(uuid, gi_of[proc.mig_uuid])].add(key)
+                util[key] = _add(util.get(key, 0.0), proc.utilization_ratio)
+                if proc.partition_uuid in gi_of:
+                    in_mig[key].add(gi_of[proc.partition_uuid])
+                    mig_users[gi_of[proc.partition_uuid]].add(key)
         util.update(_mig_utilization(readings, in_mig, mig_users))
         usage = []
         for key in sorted(memory):
@@ -99,18 +104,19 @@ class Usage:
 
 
 def _mig_utilization(
-    readings: Sequence[GpuReading],
-    in_mig: Mapping[UsageKey, set[tuple[str, int]]],
-    mig_users: Mapping[tuple[str, int], set[UsageKey]],
+    readings: Sequence[AnyReading],
+    in_mig: Mapping[UsageKey, set[str]],
+    mig_users: Mapping[str, set[UsageKey]],
 ) -> dict[UsageKey, float | None]:
-    """On MIG, NVML has no per-process utilization: a container whose processes all run in
-    one GPU instance, and are its only ones, gets that instance's GPM graphics-engine
-    activity (GPM samples GPU instances, so two containers in one cannot be told apart)."""
+    """In a partition the library may have no per-process utilization (NVIDIA's MIG): a
+    container whose processes all run in one activity group, and are its only ones, gets
+    that group's activity (NVIDIA: the GPU instance's GPM graphics-engine activity; GPM
+    samples GPU instances, so two containers in one cannot be told apart)."""
     activity = {
-        (r.identity.uuid, m.gpu_instance): m.gpm.graphics_engine_active
+        p.activity_group or p.uuid: p.active_ratio
         for r in readings
-        for m in r.mig_instances
-        if m.gpm is not None
+        for p in r.partitions
+        if p.active_ratio is not None
     }
     out: dict[UsageKey, float | None] = {}
     for key, instances in in_mig.items():
@@ -122,17 +128,16 @@ def _mig_utilization(
     return out
 
 
-def _active(reading: GpuReading, proc: GpuProcess) -> bool:
-    """The process ran a kernel since the previous read: its SM utilization, or where NVML
-    has none per process (MIG), its GPU instance's GPM graphics-engine activity, else the
-    GPU's utilization."""
-    if proc.sm_utilization_ratio is not None:
-        return proc.sm_utilization_ratio > 0
-    if proc.mig_uuid:
-        for m in reading.mig_instances:
-            if m.mig_uuid == proc.mig_uuid:
-                active = m.gpm.graphics_engine_active if m.gpm is not None else None
-                return active is not None and active > 0
+def _active(reading: AnyReading, proc: DeviceProcess) -> bool:
+    """The process ran a kernel since the previous read: its utilization, or where the
+    library has none per process (a MIG device), its partition's activity, else the GPU's
+    utilization."""
+    if proc.utilization_ratio is not None:
+        return proc.utilization_ratio > 0
+    if proc.partition_uuid:
+        for p in reading.partitions:
+            if p.uuid == proc.partition_uuid:
+                return p.active_ratio is not None and p.active_ratio > 0
         return False
     return reading.utilization_ratio is not None and reading.utilization_ratio > 0
 
@@ -160,14 +165,14 @@ def _container_name(meta: PodMeta | None, container_id: str, holders: list[GpuHo
 
 
 def _build(ctx: StageContext) -> Usage:
-    return Usage(ctx.procfs, ctx.fs)
+    return Usage(ctx.procfs, ctx.fs, ctx.accelerators)
 
 
 USAGE = StageSpec(
     name="usage",
     summary="Each container's memory and utilization of each GPU, its processes found "
     "through their cgroups; the pods with GPU activity now.",
-    sources=(GPU,),
+    sources=(ACCELERATORS,),
     reads=("by_uid", "holders"),
     adds=("readings", "usage", "active"),
     build=_build,

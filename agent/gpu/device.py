@@ -14,7 +14,16 @@ from typing import Any
 
 from gpuscope.agent.gpu import fields
 from gpuscope.agent.gpu.nvml import NOT_FOUND, GpuLost, Nvml, text
-from gpuscope.agent.gpu.records import GpuIdentity, GpuIntegrals, GpuReading, MigInstance, NvLink
+from gpuscope.agent.gpu.partitions import partitions
+from gpuscope.agent.gpu.records import (
+    VENDOR,
+    GpuIdentity,
+    GpuIntegrals,
+    GpuReading,
+    MigInstance,
+    NvidiaReading,
+    NvLink,
+)
 from gpuscope.agent.pci import sysfs_pci_address
 
 log = logging.getLogger("gpuscope.gpu")
@@ -66,7 +75,16 @@ class Device:
 
     handle: Any
     identity: GpuIdentity
+    compute_capability: str = ""  # "9.0"; "" where NVML does not say
     nvlink_count: int | None = None  # None until probed; 0 = no NVLink
+
+    def down(self, xid_errors: Mapping[int, int], **why: Any) -> GpuReading:
+        """A reading of this GPU that is not answering: its identity, its XIDs and `why`
+        (fenced_xid) in its NVIDIA extension, nothing read."""
+        extension = NvidiaReading(
+            compute_capability=self.compute_capability, xid_errors=dict(xid_errors), **why
+        )
+        return GpuReading(identity=self.identity, up=False, extension=extension)
 
 
 def discover(nvml: Nvml, index: int, sysfs: Path) -> Device:
@@ -89,10 +107,11 @@ def discover(nvml: Nvml, index: int, sysfs: Path) -> Device:
         pci_bus_id=bus_id,
         serial=text(serial) if serial is not None else "",
         architecture=ARCHITECTURES.get(int(arch), "unknown") if arch is not None else "unknown",
-        compute_capability=f"{cc[0]}.{cc[1]}" if cc is not None else "",
         numa_node=int(numa) if numa is not None and int(numa) >= 0 else None,
+        vendor=VENDOR,
     )
-    return Device(handle=handle, identity=identity)
+    capability = f"{cc[0]}.{cc[1]}" if cc is not None else ""
+    return Device(handle=handle, identity=identity, compute_capability=capability)
 
 
 def numa_node_from_sysfs(sysfs: Path, bus_id: str) -> int | None:
@@ -118,7 +137,7 @@ def read(
         return _read(nvml, device, integrals, xid_errors)
     except GpuLost as exc:
         log.debug("GPU %s lost: %s", device.identity.index, exc)
-        return GpuReading(identity=device.identity, up=False, xid_errors=dict(xid_errors))
+        return device.down(xid_errors)
 
 
 def _read(
@@ -139,10 +158,24 @@ def _read(
     remapped, remap_pending, remap_failure = _read_row_remap(nvml, h)
     batch = _read_fields(nvml, device)
     pcie_tx, pcie_rx, pcie_replay = _read_pcie_counters(nvml, h, batch, integrals)
+    migs = _with_gpm(_read_mig(nvml, h), integrals) if mig_mode == "enabled" else ()
+    extension = NvidiaReading(
+        compute_capability=device.compute_capability,
+        mig_mode=mig_mode,
+        remapped_rows=remapped,
+        row_remap_pending=remap_pending,
+        row_remap_failure=remap_failure,
+        recovery_action=batch.recovery_action,
+        xid_errors=dict(xid_errors),
+        mig_instances=migs,
+        gpm=integrals.gpm,
+        tensor_active_seconds=integrals.tensor_active_seconds,
+        dram_active_seconds=integrals.dram_active_seconds,
+    )
     return GpuReading(
         identity=device.identity,
         up=True,
-        mig_mode=mig_mode,
+        extension=extension,
         utilization_ratio=util,
         memory_utilization_ratio=memory_util,
         busy_seconds=integrals.busy_seconds,
@@ -164,20 +197,12 @@ def _read(
         pcie_replay_errors=pcie_replay,
         pcie_link_generation=link_gen,
         pcie_link_width=link_width,
-        nvlink_transmit_bytes=_sum_present(link.transmit_bytes for link in batch.nvlinks),
-        nvlink_receive_bytes=_sum_present(link.receive_bytes for link in batch.nvlinks),
-        nvlinks=batch.nvlinks,
+        link_transmit_bytes=_sum_present(link.transmit_bytes for link in batch.nvlinks),
+        link_receive_bytes=_sum_present(link.receive_bytes for link in batch.nvlinks),
+        links=batch.nvlinks,
         ecc_errors=ecc,
-        remapped_rows=remapped,
-        row_remap_pending=remap_pending,
-        row_remap_failure=remap_failure,
-        recovery_action=batch.recovery_action,
-        xid_errors=dict(xid_errors),
-        mig_instances=_with_gpm(_read_mig(nvml, h), integrals) if mig_mode == "enabled" else (),
-        gpm=integrals.gpm,
         sm_active_seconds=integrals.sm_active_seconds,
-        tensor_active_seconds=integrals.tensor_active_seconds,
-        dram_active_seconds=integrals.dram_active_seconds,
+        partitions=partitions(device.identity.uuid, device.identity.model, migs),
     )
 
 

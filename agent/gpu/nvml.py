@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from gpuscope.agent.runtime.sources import SourceUnavailable
+from gpuscope.agent.runtime.sources import SourceAbsent, SourceUnavailable
 
 log = logging.getLogger("gpuscope.gpu.nvml")
 
@@ -118,7 +118,11 @@ class Nvml:
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError as exc:
-            raise SourceUnavailable(_init_failure(exc.value, str(exc))) from exc
+            # No library or no driver at all: NVIDIA GPUs are absent, not failing.
+            absent = exc.value in (LIBRARY_NOT_FOUND, DRIVER_NOT_LOADED)
+            raise (SourceAbsent if absent else SourceUnavailable)(
+                _init_failure(exc.value, str(exc))
+            ) from exc
         self._lib = pynvml
 
     def shutdown(self) -> None:

@@ -85,10 +85,8 @@ class ProcessReader:
             GpuProcess(
                 pid=pid,
                 used_memory_bytes=used,
-                sm_utilization_ratio=(
-                    utilization.get(pid, 0.0) if utilization is not None else None
-                ),
-                mig_uuid=mig_of.get(pid, ""),
+                utilization_ratio=(utilization.get(pid, 0.0) if utilization is not None else None),
+                partition_uuid=mig_of.get(pid, ""),
             )
             for pid, used in sorted(memory.items())
         )

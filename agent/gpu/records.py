@@ -1,4 +1,10 @@
-"""Immutable records the GPU source produces.
+"""NVIDIA's records: the accelerator contract (agent/accelerators/records.py) filled from
+NVML, with what only NVIDIA has in its extensions.
+
+`GpuReading` and `GpuSnapshot` are the contract's records typed with NVIDIA's extensions
+(`NvidiaReading`, `NvidiaSnapshot`): XIDs, GPM, MIG details, row remapping, recovery
+actions, compute capability, CUDA and NVML versions, NVLink peers and fabric. Only NVIDIA's
+renderers (exporters/prometheus/gpu.py, exporters/labels/nvidia.py) read the extensions.
 
 Values are already in base units (bytes, watts, hertz, joules, seconds, ratios 0-1), so
 exporters never convert. `None` means "the device does not support this": exporters omit
@@ -10,19 +16,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from gpuscope.agent.accelerators.records import (
+    AcceleratorReading,
+    AcceleratorSnapshot,
+    DeviceIdentity,
+    DeviceProcess,
+    InterconnectLink,
+)
 
-@dataclass(frozen=True, slots=True)
-class GpuIdentity:
-    """What a GPU is. Read once at discovery; it does not change while the driver is loaded."""
+VENDOR = "nvidia"
+INTERCONNECT = "nvlink"
 
-    index: int
-    uuid: str
-    model: str
-    pci_bus_id: str
-    serial: str
-    architecture: str
-    compute_capability: str
-    numa_node: int | None
+# NVIDIA's names for the contract's records (a GPU's identity, a process on it, an NVLink).
+GpuIdentity = DeviceIdentity
+GpuProcess = DeviceProcess
+NvLink = InterconnectLink
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,25 +72,6 @@ class MigInstance:
 
 
 @dataclass(frozen=True, slots=True)
-class NvLink:
-    link: int
-    up: bool | None
-    transmit_bytes: int | None
-    receive_bytes: int | None
-    errors: Mapping[str, int] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class GpuProcess:
-    """A process with a CUDA context on the GPU (a host PID)."""
-
-    pid: int
-    used_memory_bytes: int | None  # None where NVML cannot tell (Windows WDDM, some vGPU)
-    sm_utilization_ratio: float | None  # mean over the window since the last read; None on MIG
-    mig_uuid: str = ""  # the MIG instance it runs in, "" outside MIG
-
-
-@dataclass(frozen=True, slots=True)
 class GpuIntegrals:
     """Values that only exist as integrals over time; kept by the sampler between scrapes."""
 
@@ -104,56 +93,39 @@ class GpuIntegrals:
 
 
 @dataclass(frozen=True, slots=True)
-class GpuReading:
-    """One GPU at one collection. Only `identity` and `up` are always present.
+class NvidiaReading:
+    """What NVML says of a GPU that no other vendor's contract field holds. Present on every
+    reading of an NVIDIA GPU the agent has discovered, up or down (its XIDs and fence
+    outlive its answers).
 
-    A GPU that is down says why where the agent knows: `stuck_seconds` while a call to it
-    has been blocked past the read deadline (`stuck_call` names the NVML function, where
-    known), `fenced_xid` after a fatal XID made the agent stop calling it (agent/gpu/gate.py).
-    Neither set and `up` False: NVML answered that the GPU is lost or needs a reset."""
+    `fenced_xid`: the agent stopped calling the GPU after that fatal XID (agent/gpu/gate.py).
+    `mig_instances`: the MIG devices in NVML's terms (the contract's `partitions` are the
+    same devices for attribution)."""
 
-    identity: GpuIdentity
-    up: bool
-    stuck_seconds: float | None = None
-    stuck_call: str = ""
+    compute_capability: str = ""
     fenced_xid: int | None = None
     mig_mode: str | None = None
-    utilization_ratio: float | None = None
-    memory_utilization_ratio: float | None = None
-    busy_seconds: float | None = None
-    idle_seconds: float | None = None  # integral of time at or below --idle-threshold
-    unsampled_seconds: float | None = None  # time no utilization sample covered
-    last_active_timestamp: float | None = None
-    memory_used_bytes: int | None = None
-    memory_total_bytes: int | None = None
-    memory_reserved_bytes: int | None = None
-    power_watts: float | None = None
-    power_limit_watts: float | None = None
-    energy_joules: float | None = None
-    temperatures_celsius: Mapping[str, float] = field(default_factory=dict)
-    clocks_hertz: Mapping[str, float] = field(default_factory=dict)
-    clocks_max_hertz: Mapping[str, float] = field(default_factory=dict)
-    throttle_reasons: Mapping[str, bool] = field(default_factory=dict)
-    pcie_transmit_bytes: float | None = None
-    pcie_receive_bytes: float | None = None
-    pcie_replay_errors: int | None = None
-    pcie_link_generation: Mapping[str, int] = field(default_factory=dict)
-    pcie_link_width: Mapping[str, int] = field(default_factory=dict)
-    nvlink_transmit_bytes: int | None = None
-    nvlink_receive_bytes: int | None = None
-    nvlinks: tuple[NvLink, ...] = ()
-    ecc_errors: Mapping[str, int] = field(default_factory=dict)
     remapped_rows: Mapping[str, int] = field(default_factory=dict)
     row_remap_pending: bool | None = None
     row_remap_failure: bool | None = None
     recovery_action: int | None = None  # NVML_GPU_RECOVERY_ACTION_*; None before R570
     xid_errors: Mapping[int, int] = field(default_factory=dict)
     mig_instances: tuple[MigInstance, ...] = ()
-    processes: tuple[GpuProcess, ...] = ()
     gpm: GpmActivity | None = None  # the last GPM window; None on GPUs without GPM
-    sm_active_seconds: float | None = None
     tensor_active_seconds: float | None = None
     dram_active_seconds: float | None = None
+
+
+NO_EXTENSION = NvidiaReading()  # what a reading of a GPU never discovered carries
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReading(AcceleratorReading[NvidiaReading]):
+    """An NVIDIA GPU's reading as the source builds it: the contract's fields, NVIDIA's in
+    `extension`. Code that reads one takes an `NvidiaGpu` (what `GpuSnapshot.gpus` holds)."""
+
+
+NvidiaGpu = AcceleratorReading[NvidiaReading]
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,22 +159,27 @@ class GpuTopology:
 
 
 @dataclass(frozen=True, slots=True)
-class GpuSnapshot:
-    """Every GPU on the node plus the driver facts that apply to all of them."""
+class NvidiaSnapshot:
+    """NVIDIA's node-wide facts beyond the contract: the CUDA driver version, NVLink peers
+    and fabric registrations, and which GPUs' XID events are watched."""
 
-    driver_version: str
-    cuda_driver_version: str
-    nvml_version: str
-    gpus: tuple[GpuReading, ...]
-    topology: GpuTopology = field(default_factory=GpuTopology)
+    cuda_driver_version: str = ""
+    topology: GpuTopology = field(default_factory=lambda: GpuTopology())
     # UUIDs whose XID event registration the driver accepted; None where events are
     # unavailable altogether (no event set), so nothing is claimed either way.
     xid_watched: frozenset[str] | None = None
-    # UUIDs of the GPUs whose process list NVML refused (a MIG GPU without CAP_SYS_ADMIN,
-    # through its parent and every MIG device handle): their per-pod memory is missing.
-    processes_refused: frozenset[str] = frozenset()
 
-    @property
-    def pci_bus_ids(self) -> tuple[str, ...]:
-        """Each GPU's PCI address in index order ("" where NVML gave none)."""
-        return tuple(g.identity.pci_bus_id for g in self.gpus)
+
+@dataclass(frozen=True, slots=True)
+class GpuSnapshot(AcceleratorSnapshot[NvidiaReading, NvidiaSnapshot]):
+    """The NVIDIA GPUs of the node: the contract's snapshot, NVIDIA's facts in `extension`."""
+
+
+def nvidia(reading: NvidiaGpu) -> NvidiaReading:
+    """A reading's NVIDIA extension (the empty one for a GPU never discovered)."""
+    return reading.extension if reading.extension is not None else NO_EXTENSION
+
+
+def node(snapshot: GpuSnapshot) -> NvidiaSnapshot:
+    """A snapshot's NVIDIA extension (the empty one where the source gave none)."""
+    return snapshot.extension if snapshot.extension is not None else NvidiaSnapshot()

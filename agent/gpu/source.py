@@ -25,11 +25,14 @@ from gpuscope.agent.gpu.gate import DEFAULT_DEADLINE, Blocked, GpuGates, Job
 from gpuscope.agent.gpu.nvml import GpuLost, Nvml, NvmlCallError, text
 from gpuscope.agent.gpu.processes import ProcessReader
 from gpuscope.agent.gpu.records import (
+    VENDOR,
     GpuIdentity,
     GpuIntegrals,
     GpuReading,
     GpuSnapshot,
     GpuTopology,
+    NvidiaSnapshot,
+    nvidia,
 )
 from gpuscope.agent.gpu.sampler import Sampler
 from gpuscope.agent.gpu.topology import read_fabric, read_topology
@@ -159,17 +162,20 @@ class GpuSource:
         for device, xids, job in reads:
             got = job.wait(deadline_at) if isinstance(job, Job) else job
             if isinstance(got, Blocked):
-                got = _blocked_reading(device.identity, got, xids)
+                got = _blocked_reading(device, got, xids)
             readings.append(got)
         readings.extend(self._found(finds, deadline_at))
         readings.sort(key=lambda r: r.identity.index)
         return GpuSnapshot(
+            vendor=VENDOR,
             driver_version=self.driver_version,
-            cuda_driver_version=self.cuda_driver_version,
-            nvml_version=self.nvml_version,
+            library_version=self.nvml_version,
             gpus=tuple(readings),
-            topology=self.topology,
-            xid_watched=frozenset(self.xid.watched) if self.xid is not None else None,
+            extension=NvidiaSnapshot(
+                cuda_driver_version=self.cuda_driver_version,
+                topology=self.topology,
+                xid_watched=frozenset(self.xid.watched) if self.xid is not None else None,
+            ),
             processes_refused=frozenset(
                 u for u, ok in dict(self.processes.readable).items() if not ok
             ),
@@ -206,7 +212,7 @@ class GpuSource:
                 readings.append(reading)
                 added = True
             elif isinstance(got, Blocked):
-                readings.append(_blocked_reading(_unknown(index), got, {}))
+                readings.append(_blocked_reading(dev.Device(None, _unknown(index)), got, {}))
             else:
                 readings.append(GpuReading(identity=_unknown(index), up=False))
         if added:
@@ -232,9 +238,9 @@ class GpuSource:
 
     def _with_processes(self, device: dev.Device, reading: GpuReading) -> GpuReading:
         try:
-            procs = self.processes.read(device, reading.mig_instances)
+            procs = self.processes.read(device, nvidia(reading).mig_instances)
         except GpuLost:
-            return GpuReading(identity=reading.identity, up=False, xid_errors=reading.xid_errors)
+            return device.down(nvidia(reading).xid_errors)
         return replace(reading, processes=procs) if procs else reading
 
     def _fatal(self, uuid: str, xid: int) -> None:
@@ -258,17 +264,9 @@ class GpuSource:
         self.nvml.shutdown()
 
 
-def _blocked_reading(
-    identity: GpuIdentity, blocked: Blocked, xids: Mapping[int, int]
-) -> GpuReading:
-    return GpuReading(
-        identity=identity,
-        up=False,
-        stuck_seconds=blocked.stuck_seconds,
-        stuck_call=blocked.function,
-        fenced_xid=blocked.fenced_xid,
-        xid_errors=dict(xids),
-    )
+def _blocked_reading(device: dev.Device, blocked: Blocked, xids: Mapping[int, int]) -> GpuReading:
+    down = device.down(xids, fenced_xid=blocked.fenced_xid)
+    return replace(down, stuck_seconds=blocked.stuck_seconds, stuck_call=blocked.function)
 
 
 def _blocked_text(blocked: Blocked) -> str:
@@ -285,6 +283,6 @@ def _unknown(index: int) -> GpuIdentity:
         pci_bus_id="",
         serial="",
         architecture="unknown",
-        compute_capability="",
         numa_node=None,
+        vendor=VENDOR,
     )

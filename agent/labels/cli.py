@@ -19,10 +19,10 @@ import sys
 from collections.abc import Sequence
 
 from gpuscope.agent import logs
-from gpuscope.agent.app.config import ConfigError, all_flags, parse
+from gpuscope.agent.accelerators.records import AnyAccelerators
+from gpuscope.agent.app.config import Config, ConfigError, all_flags, parse
+from gpuscope.agent.app.registry import DEFAULT_COLLECTORS, accelerators
 from gpuscope.agent.clock import SystemClock
-from gpuscope.agent.gpu.collector import GPU
-from gpuscope.agent.gpu.records import GpuSnapshot
 from gpuscope.agent.net.placement import network_placement
 from gpuscope.agent.runtime.options import Flag
 from gpuscope.agent.runtime.sources import SourceUnavailable
@@ -38,6 +38,26 @@ DESCRIPTION = (
 )
 # The agent flags that mean something here, declared (help, variable, check) by the agent.
 AGENT_FLAGS = ("--node-name", "--sysfs", "--label-prefix", "--gpu-read-deadline", "--log-format")
+
+
+def read_accelerators(config: Config) -> AnyAccelerators | None:
+    """The devices of the first accelerator collector that finds any, each source built from
+    its declaration as the agent builds it (so the collector's options, --gpu-read-deadline
+    and GPUSCOPE_* variables, apply here too); None when none could read, each reason said."""
+    found: AnyAccelerators | None = None
+    for spec in accelerators(config.collectors):
+        ctx = BuildContext(config.agent, config.of(spec), SystemClock(), background=False)
+        source = spec.build(ctx)
+        try:
+            source.start()
+            found = source.collect()
+        except SourceUnavailable as exc:
+            print(f"gpuscope labels: no GPUs readable: {exc}", file=sys.stderr)
+        finally:
+            source.stop()
+        if found is not None and found.gpus:
+            break
+    return found
 
 
 def remove_from_node(node: str, prefix: str) -> int:
@@ -91,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
 def labels_main(argv: Sequence[str]) -> int:
     """`gpuscope labels ARGV`: usage errors exit 2 (argparse), no GPU still prints labels."""
     args = build_parser().parse_args(list(argv))
-    agent_args = ["--collectors", GPU.name]
+    agent_args = ["--collectors", ",".join(c.name for c in accelerators(DEFAULT_COLLECTORS))]
     for f in _agent_flags():
         value = getattr(args, f.attr)
         if value is not None:
@@ -106,17 +126,7 @@ def labels_main(argv: Sequence[str]) -> int:
     if remove:
         return remove_from_node(config.agent.node_name, prefix)
 
-    # Built from its declaration, as the agent builds it: the GPU collector's options
-    # (--gpu-read-deadline, GPUSCOPE_* variables) apply here too.
-    source = GPU.build(BuildContext(config.agent, config.of(GPU), SystemClock(), background=False))
-    snapshot: GpuSnapshot | None = None
-    try:
-        source.start()
-        snapshot = source.collect()
-    except SourceUnavailable as exc:
-        print(f"gpuscope labels: no GPUs readable: {exc}", file=sys.stderr)
-    finally:
-        source.stop()
+    snapshot = read_accelerators(config)
 
     placement = network_placement(config.agent.sysfs, snapshot.pci_bus_ids if snapshot else ())
     annotations = (

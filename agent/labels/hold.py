@@ -6,9 +6,10 @@ labels is a decision with consequences, and a fault is not evidence of absence. 
 collector failing (driver not loaded yet after a reboot, NVML errors, GPUs not answering)
 keeps the labels last published, and `gpu.healthy` says the truth meanwhile: 0 while no GPU
 can be read. Only a confirmed absence lasting `--labels-absence-grace` seconds withdraws them:
-the collector succeeding with no GPUs, or failing with "no driver" / "no NVML library", and
-nothing else in between. "Last published" survives a restart: it is read back from where the
-labels are published (the Node, the NodeFeature object or the features file).
+the collector succeeding with no GPUs, or failing because its library or driver is not on
+the host (`SourceResult.absent`), and nothing else in between. "Last published" survives a
+restart: it is read back from where the labels are published (the Node, the NodeFeature
+object or the features file).
 """
 
 from __future__ import annotations
@@ -17,19 +18,8 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gpuscope.agent.gpu.nvml import (  # the source's own wording, not a copy of it
-    DRIVER_NOT_LOADED,
-    LIBRARY_NOT_FOUND,
-    _init_failure,
-)
-from gpuscope.agent.gpu.records import GpuSnapshot
+from gpuscope.agent.accelerators.records import AnyAccelerators
 from gpuscope.agent.runtime.sources import SourceResult
-
-# What the GPU collector reports when NVML cannot start because there is no driver at all:
-# the only failures that count towards a confirmed absence.
-NO_DRIVER_ERRORS = frozenset(
-    _init_failure(code, "") for code in (LIBRARY_NOT_FOUND, DRIVER_NOT_LOADED)
-)
 
 PRESENT, COUNT, HEALTHY = "gpu.present", "gpu.count", "gpu.healthy"
 # Labels that follow reality even while some GPUs do not answer: how many there are and how
@@ -55,12 +45,14 @@ class Reading(enum.Enum):
     ABSENT = "absent"  # no GPU, or no driver: absence, if it lasts
 
 
-def classify(result: SourceResult[GpuSnapshot] | None) -> Reading:
-    """One GPU collection's `Reading` (None: the collector did not run at all)."""
+def classify(result: SourceResult[AnyAccelerators] | None) -> Reading:
+    """One accelerator collection's `Reading` (None: the collector did not run at all). Only
+    a failure the source calls an absence (`SourceAbsent`: no driver, no library) counts
+    towards a confirmed absence; every other failure is a fault."""
     if result is None:
         return Reading.FAILED
     if not result.success or result.records is None:
-        return Reading.ABSENT if result.error in NO_DRIVER_ERRORS else Reading.FAILED
+        return Reading.ABSENT if result.absent else Reading.FAILED
     gpus = result.records.gpus
     if not gpus:
         return Reading.ABSENT

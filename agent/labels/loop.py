@@ -19,10 +19,10 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from gpuscope.agent.accelerators.records import AcceleratorSnapshot, AnyAccelerators
 from gpuscope.agent.app.config import Config
+from gpuscope.agent.app.registry import accelerators
 from gpuscope.agent.clock import Clock, SystemClock
-from gpuscope.agent.gpu.collector import GPU
-from gpuscope.agent.gpu.records import GpuSnapshot
 from gpuscope.agent.labels.hold import AbsenceClock, Decision, Reading, classify, decide
 from gpuscope.agent.net.placement import network_placement
 from gpuscope.agent.runtime.accelerators import DeviceWatch
@@ -39,7 +39,7 @@ from gpuscope.exporters.labels.validation import validate
 
 log = logging.getLogger("gpuscope.labels")
 
-Publish = Callable[[Mapping[str, str], Mapping[str, str], GpuSnapshot | None], bool]
+Publish = Callable[[Mapping[str, str], Mapping[str, str], AnyAccelerators | None], bool]
 Recall = Callable[[], Published | None]
 
 
@@ -52,7 +52,10 @@ class Publisher:
         self.recall = recall
 
     def __call__(
-        self, labels: Mapping[str, str], annotations: Mapping[str, str], snap: GpuSnapshot | None
+        self,
+        labels: Mapping[str, str],
+        annotations: Mapping[str, str],
+        snap: AnyAccelerators | None,
     ) -> bool:
         return self._publish(labels, annotations, snap)
 
@@ -101,9 +104,11 @@ def make_publisher(config: Config) -> Publisher | None:
 
 
 class LabelsLoop:
-    """The labels thread. `publish` writes a label set; `recall` (by default the
-    publisher's own, see `Publisher`) reads back the last one after a restart; `clock`
-    times the absence grace."""
+    """The labels thread. It labels the devices of the first enabled accelerator collector
+    (agent/app/registry.py, `accelerators`), watched through `devices`, its source's
+    `DeviceWatch`. `publish` writes a label set; `recall` (by default the publisher's own,
+    see `Publisher`) reads back the last one after a restart; `clock` times the absence
+    grace."""
 
     def __init__(
         self,
@@ -117,7 +122,11 @@ class LabelsLoop:
     ) -> None:
         self._config = config
         self._runner = runner
-        self._devices = devices  # the GPU source's watch; None: nothing to watch
+        enabled = accelerators(config.collectors)
+        if not enabled:
+            raise ValueError("node labels need an accelerator collector in --collectors")
+        self._accelerator = enabled[0]
+        self._devices = devices  # the accelerator source's watch; None: nothing to watch
         self._publish = publish
         if recall is None and isinstance(publish, Publisher):
             recall = publish.recall
@@ -145,9 +154,10 @@ class LabelsLoop:
 
     def run_once(self) -> None:
         self._refresh_topology()
-        collection = self._runner.collect(only=(GPU.name,))  # the labels need nothing else
-        result = collection.result(GPU)
-        snap = collection.records(GPU)
+        key = self._accelerator
+        collection = self._runner.collect(only=(key.name,))  # the labels need nothing else
+        result = collection.result(key)
+        snap = collection.records(key)
         reading = classify(result)
         self._round_at = self._clock.monotonic()
         confirmed = self._absence.observe(reading, self._round_at)
@@ -171,7 +181,7 @@ class LabelsLoop:
         if changed:
             log.info("node labels published (%s)", self._config.labels.labels_mode)
 
-    def _decide(self, reading: Reading, confirmed: bool, snap: GpuSnapshot | None) -> Decision:
+    def _decide(self, reading: Reading, confirmed: bool, snap: AnyAccelerators | None) -> Decision:
         placement = network_placement(self._config.agent.sysfs, snap.pci_bus_ids if snap else ())
         prefix = self._config.labels.label_prefix
         labels = gpu_labels(snap, prefix, network=placement)
@@ -200,11 +210,11 @@ class LabelsLoop:
         return self._last
 
     @staticmethod
-    def _snap(snap: GpuSnapshot | None, decision: Decision) -> GpuSnapshot | None:
+    def _snap(snap: AnyAccelerators | None, decision: Decision) -> AnyAccelerators | None:
         """The records the publisher gets: an empty snapshot when absence is confirmed (no
         GPUs, so no per-GPU NodeFeature instances either), None while GPUs cannot be read."""
         if decision.withdrawn and snap is None:
-            return GpuSnapshot(driver_version="", cuda_driver_version="", nvml_version="", gpus=())
+            return AcceleratorSnapshot(vendor="", driver_version="", library_version="", gpus=())
         return snap
 
     def _validated(self, decision: Decision) -> Published:

@@ -36,6 +36,12 @@ class SourceUnavailable(Exception):
     """
 
 
+class SourceAbsent(SourceUnavailable):
+    """What the source reads is confirmed not there (no driver or vendor library on the
+    host), as opposed to a fault reading it. The result says so (`SourceResult.absent`):
+    node labels withdraw only after an absence lasts, never after a fault."""
+
+
 class SourceStale(SourceUnavailable):
     """The source failed, but holds the last records it read, still worth using.
 
@@ -96,6 +102,7 @@ class SourceResult(Generic[R]):
     error: str | None = None
     stuck: bool = False
     last_success: float | None = None
+    absent: bool = False  # failed because what it reads is not there (`SourceAbsent`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,11 +147,13 @@ STOP_WAIT = 5.0  # seconds `stop` waits for a source to stop before giving up on
 
 
 class _NotStarted(SourceUnavailable):
-    """A collection found its source not started: the start's error, already in one line."""
+    """A collection found its source not started: the start's error, already in one line,
+    and whether it was an absence (`SourceAbsent`)."""
 
-    def __init__(self, error: str) -> None:
+    def __init__(self, error: str, absent: bool) -> None:
         super().__init__(error)
         self.error = error
+        self.absent = absent
 
 
 class _CollectorVoice:
@@ -224,7 +233,8 @@ class SourceRunner:
         }
         self._state_lock = threading.Lock()  # guards the start bookkeeping below
         self._started: set[str] = set()
-        self._start_failure: dict[str, tuple[str, float, float]] = {}  # error, retry at, delay
+        # By source: error, retry at, delay, whether the error was an absence.
+        self._start_failure: dict[str, tuple[str, float, float, bool]] = {}
 
     @property
     def names(self) -> list[str]:
@@ -239,22 +249,24 @@ class SourceRunner:
         ]
         wait(futures, timeout=self.deadline if deadline is None else deadline)
 
-    def _try_start(self, source: Source[Any]) -> str | None:
+    def _try_start(self, source: Source[Any]) -> _NotStarted | None:
+        """None once the source is started; else why not (its start failed now, or did
+        before and it is not yet time to retry)."""
         with self._state_lock:
             if source.name in self._started:
                 return None
             now = self._clock.monotonic()
             failed = self._start_failure.get(source.name)
             if failed is not None and now < failed[1]:
-                return failed[0]  # not yet time to retry
+                return _NotStarted(failed[0], failed[3])  # not yet time to retry
         try:
             source.start()
         except Exception as exc:  # noqa: BLE001 - any failure must stay inside the source
-            error = describe(exc)
+            error, absent = describe(exc), isinstance(exc, SourceAbsent)
             delay = min(RETRY_MAX, failed[2] * 2) if failed else RETRY_FIRST
             with self._state_lock:
-                self._start_failure[source.name] = (error, now + delay, delay)
-            return error
+                self._start_failure[source.name] = (error, now + delay, delay, absent)
+            return _NotStarted(error, absent)
         with self._state_lock:
             self._start_failure.pop(source.name, None)
             self._started.add(source.name)
@@ -275,9 +287,9 @@ class SourceRunner:
 
     def _read(self, source: Source[Any]) -> Any:
         """One collection, on the source's worker: started first if it is not yet."""
-        error = self._try_start(source)
-        if error is not None:
-            raise _NotStarted(error)
+        not_started = self._try_start(source)
+        if not_started is not None:
+            raise not_started
         return source.collect()
 
     @staticmethod
@@ -286,6 +298,8 @@ class SourceRunner:
         kept; or stuck, with its last good records (`Guarded` keeps them)."""
         records = outcome.value
         error = outcome.error
+        exc = outcome.exc
+        absent = isinstance(exc, SourceAbsent) or (isinstance(exc, _NotStarted) and exc.absent)
         if outcome.stuck:
             error = f"stuck: its collection has been running for {outcome.duration:.1f} s"
         elif isinstance(outcome.exc, SourceStale):
@@ -298,6 +312,7 @@ class SourceRunner:
             error=error,
             stuck=outcome.stuck,
             last_success=outcome.last_success,
+            absent=absent and not outcome.stuck,
         )
 
     def stuck(self) -> dict[str, float]:

@@ -20,6 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuscope.agent.accelerators.records import AnyAccelerators
+from gpuscope.exporters.labels.gpu import vendor_labels
+
 log = logging.getLogger("gpuscope.labels")
 
 OWNED = "owned-labels"  # annotation (under the prefix) listing the keys the agent wrote
@@ -207,17 +210,19 @@ NFD_GROUP, NFD_VERSION = "nfd.k8s-sigs.io", "v1alpha1"
 NFD_NODE_LABEL = "nfd.node.kubernetes.io/node-name"
 
 
-def gpu_instances(snapshot: Any) -> list[dict[str, dict[str, str]]]:
-    """Raw per-GPU attributes for NodeFeatureRules (`instances` in NFD's feature schema)."""
+def gpu_instances(snapshot: AnyAccelerators | None) -> list[dict[str, dict[str, str]]]:
+    """Raw per-GPU attributes for NodeFeatureRules (`instances` in NFD's feature schema):
+    the contract's, and the vendor's own (NVIDIA: compute_capability)."""
     out = []
-    for g in getattr(snapshot, "gpus", ()):
+    vendor = vendor_labels(snapshot) if snapshot is not None else None
+    for g in snapshot.gpus if snapshot is not None else ():
         ident = g.identity
         attributes = {
             "index": str(ident.index),
             "uuid": ident.uuid,
             "model": ident.model,
             "pci_bus_id": ident.pci_bus_id,
-            "compute_capability": ident.compute_capability,
+            **(vendor.attributes(g) if vendor is not None else {}),
             "architecture": ident.architecture,
             "up": "true" if g.up else "false",
         }

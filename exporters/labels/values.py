@@ -38,3 +38,12 @@ def is_valid_value(value: str) -> bool:
     return len(value) <= MAX_LENGTH and (
         value == "" or re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", value) is not None
     )
+
+
+def version(text: str) -> tuple[str, str] | None:
+    """(major, minor) of a version such as "550.54.15" or "12.4", each without leading
+    zeros, as label values (`Gt`/`Lt` compare integers); None if it does not parse."""
+    parts = text.split(".")
+    if len(parts) < 2 or not parts[0].isdigit() or not parts[1].isdigit():
+        return None
+    return str(int(parts[0])), str(int(parts[1]))

@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from gpuscope.exporters.prometheus.catalog_gpu import BUILD_INFO
 from gpuscope.exporters.prometheus.catalog_inputs import INPUT_METRICS
 from gpuscope.exporters.prometheus.catalog_pods import ATTRIBUTION_METRICS
 from gpuscope.exporters.prometheus.spec import MetricSpec
@@ -26,14 +27,7 @@ __all__ = ["Catalog", "MetricSpec"]
 
 AGENT_METRICS: tuple[MetricSpec, ...] = (
     # --- the agent itself -------------------------------------------------------------------
-    MetricSpec(
-        "gpuscope_build_info",
-        "gauge",
-        "Always 1; labels identify the agent build and the NVIDIA driver it talks to.",
-        ("version", "python_version", "nvml_version", "driver_version"),
-        "agent",
-        "Always. Driver labels are empty when NVML is unavailable.",
-    ),
+    BUILD_INFO,  # declared with NVIDIA's metrics: its library label is named for NVIDIA's
     MetricSpec(
         "gpuscope_collector_success",
         "gauge",

@@ -8,6 +8,18 @@ from gpuscope.exporters.prometheus.spec import GPU, Kind, MetricSpec
 
 _FATAL = ", ".join(str(x) for x in sorted(FATAL_XIDS))
 
+# The agent's build, and the accelerator library and driver of the first accelerator
+# collector that reads its devices. The library's label is named for NVIDIA's (a public
+# name since the first release), so the agent's catalog takes the declaration from here.
+BUILD_INFO = MetricSpec(
+    "gpuscope_build_info",
+    "gauge",
+    "Always 1; labels identify the agent build and the NVIDIA driver it talks to.",
+    ("version", "python_version", "nvml_version", "driver_version"),
+    "agent",
+    "Always. Driver labels are empty when NVML is unavailable.",
+)
+
 # NVML GPM (agent/gpu/gpm.py): one sample per GPU and per MIG GPU instance each sampler tick;
 # the ratios are the window between the last two samples, the counters integrate ratio x
 # window, so rate() of them is the true average over any range, as for busy seconds.

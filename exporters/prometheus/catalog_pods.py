@@ -52,7 +52,8 @@ ATTRIBUTION_METRICS: tuple[MetricSpec, ...] = (
         "gpuscope_pod_gpu_memory_bytes",
         "gauge",
         "GPU memory held by the container's processes on the GPU "
-        "(nvmlDeviceGetComputeRunningProcesses; processes mapped to pods by their cgroup).",
+        "(the vendor library's list of compute processes; processes mapped to pods by their "
+        "cgroup).",
         POD_GPU,
         "attribution",
         'GPUs with compute processes. Processes outside every pod: `pod=""`, `pod_uid=""`. '

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import platform
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,9 +21,9 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 import gpuscope
-from gpuscope.agent.gpu.collector import GPU
+from gpuscope.agent.accelerators.records import AnyAccelerators
 from gpuscope.agent.runtime.self_stats import ProcessStats
-from gpuscope.agent.runtime.sources import SourceResult
+from gpuscope.agent.runtime.sources import Keyed, SourceResult
 from gpuscope.exporters.prometheus.attribution import render_attribution
 from gpuscope.exporters.prometheus.catalog import Catalog
 from gpuscope.exporters.prometheus.detail import MetricSelection
@@ -47,6 +47,8 @@ class Exposition:
     selection: MetricSelection
     max_pods_per_scrape: int
     node_label: str | None = None  # node="<this>" on every series (--series-node-label)
+    # The enabled accelerator collectors (role ACCELERATOR), in registry order.
+    accelerators: tuple[Keyed[AnyAccelerators], ...] = ()
 
     def pod_bound(self) -> PodBound:
         """The bound, with a counter for each enabled collector with per-pod series and for
@@ -81,7 +83,7 @@ class PrometheusExporter(Collector):
         out = Families(self._catalog, self._selection)
         if self._exposition.node_label is not None:
             out.with_constant_labels({"node": self._exposition.node_label})
-        out.add("gpuscope_build_info", _build_labels(scraped), 1)
+        out.add("gpuscope_build_info", _build_labels(scraped, self._exposition.accelerators), 1)
         for name, result in collection.results.items():
             ok = result.success
             renderer = self._renderers.get(name)
@@ -148,8 +150,14 @@ def _process(out: Families, stats: ProcessStats) -> None:
     out.add("process_max_fds", (), stats.max_fds)
 
 
-def _build_labels(scraped: Scrape) -> tuple[str, str, str, str]:
-    gpu = scraped.collection.records(GPU)
-    nvml_version = gpu.nvml_version if gpu is not None else ""
-    driver_version = gpu.driver_version if gpu is not None else ""
-    return (gpuscope.__version__, platform.python_version(), nvml_version, driver_version)
+def _build_labels(
+    scraped: Scrape, accelerators: Sequence[Keyed[AnyAccelerators]]
+) -> tuple[str, str, str, str]:
+    """The agent's versions, and the accelerator library's and driver's: those of the first
+    accelerator collector that read its devices (empty where none did)."""
+    for key in accelerators:
+        snapshot = scraped.collection.records(key)
+        if snapshot is not None:
+            library, driver = snapshot.library_version, snapshot.driver_version
+            return (gpuscope.__version__, platform.python_version(), library, driver)
+    return (gpuscope.__version__, platform.python_version(), "", "")

@@ -1,4 +1,5 @@
-"""GPU records -> Prometheus samples. Device series carry `gpu` and `uuid` only; everything
+"""NVIDIA's GPU records (the accelerator contract with NVIDIA's extension) -> Prometheus
+samples. Device series carry `gpu` and `uuid` only; everything
 else about a GPU is on `gpuscope_gpu_info`, so device series stay stable while pods churn.
 
 At the default detail level (exporters/prometheus/detail.py) the families declared
@@ -13,7 +14,16 @@ from typing import Protocol
 
 from gpuscope.agent.gpu import fields
 from gpuscope.agent.gpu.collector import GPU, GpuOptions
-from gpuscope.agent.gpu.records import GpmActivity, GpuReading, GpuSnapshot, MigInstance, NvLink
+from gpuscope.agent.gpu.records import (
+    GpmActivity,
+    GpuSnapshot,
+    MigInstance,
+    NvidiaGpu,
+    NvidiaReading,
+    NvLink,
+    node,
+    nvidia,
+)
 from gpuscope.exporters.prometheus.catalog_gpu import GPU_METRICS
 from gpuscope.exporters.prometheus.families import Families
 from gpuscope.exporters.prometheus.render import RenderContext, Renderer
@@ -35,31 +45,33 @@ DEFAULT_CLOCKS = frozenset({"sm", "memory"})
 NOT_A_SLOWDOWN = frozenset({"idle"})
 
 
-def _render_one(snapshot: GpuSnapshot, r: GpuReading, out: Families) -> None:
+def _render_one(snapshot: GpuSnapshot, r: NvidiaGpu, out: Families) -> None:
     """One GPU. A GPU that is down keeps its info, `up` and XID series, so alerts on it
     still have their labels, and gets nothing else."""
     dev = (str(r.identity.index), r.identity.uuid)
-    _render_info(snapshot, r, dev, out)
+    x = nvidia(r)
+    _render_info(snapshot, r, x, dev, out)
     out.add("gpuscope_gpu_up", dev, 1 if r.up else 0)
-    _render_blocked(r, dev, out)
-    for xid, count in sorted(r.xid_errors.items()):
+    _render_blocked(r, x, dev, out)
+    for xid, count in sorted(x.xid_errors.items()):
         out.add("gpuscope_gpu_xid_errors_total", (*dev, str(xid)), count)
-    if snapshot.xid_watched is not None:
-        watched = dev[1] in snapshot.xid_watched
+    xid_watched = node(snapshot).xid_watched
+    if xid_watched is not None:
+        watched = dev[1] in xid_watched
         if not watched or out.full("gpuscope_gpu_xid_events_watched"):
             out.add("gpuscope_gpu_xid_events_watched", dev, 1 if watched else 0)
     if dev[1] in snapshot.processes_refused:
         out.add("gpuscope_gpu_processes_refused", dev, 1)
     if not r.up:
         return
-    _render_scalars(r, dev, out)
-    _render_labelled(r, dev, out)
-    _render_nvlinks(r.nvlinks, dev, out)
-    _render_gpm("gpuscope_gpu_", dev, r.gpm, r, out)
-    _render_mig(r.mig_instances, dev, out)
+    _render_scalars(r, x, dev, out)
+    _render_labelled(r, x, dev, out)
+    _render_nvlinks(r.links, dev, out)
+    _render_gpm("gpuscope_gpu_", dev, x.gpm, _GpuCounters(r, x), out)
+    _render_mig(x.mig_instances, dev, out)
 
 
-def _render_blocked(r: GpuReading, dev: DeviceLabels, out: Families) -> None:
+def _render_blocked(r: NvidiaGpu, x: NvidiaReading, dev: DeviceLabels, out: Families) -> None:
     """Why a GPU is not being read: stuck in a call, or fenced after a fatal XID. At full
     detail the two gauges are on every GPU (0 when it answers); at the default level, and
     the info series always, only while they apply."""
@@ -67,13 +79,15 @@ def _render_blocked(r: GpuReading, dev: DeviceLabels, out: Families) -> None:
         out.add("gpuscope_gpu_stuck_seconds", dev, r.stuck_seconds or 0.0)
     if r.stuck_seconds is not None and r.stuck_call:
         out.add("gpuscope_gpu_stuck_call_info", (*dev, r.stuck_call), 1)
-    if r.fenced_xid is not None or out.full("gpuscope_gpu_fenced"):
-        out.add("gpuscope_gpu_fenced", dev, 1 if r.fenced_xid is not None else 0)
-    if r.fenced_xid is not None:
-        out.add("gpuscope_gpu_fatal_xid_info", (*dev, str(r.fenced_xid)), 1)
+    if x.fenced_xid is not None or out.full("gpuscope_gpu_fenced"):
+        out.add("gpuscope_gpu_fenced", dev, 1 if x.fenced_xid is not None else 0)
+    if x.fenced_xid is not None:
+        out.add("gpuscope_gpu_fatal_xid_info", (*dev, str(x.fenced_xid)), 1)
 
 
-def _render_info(snapshot: GpuSnapshot, r: GpuReading, dev: DeviceLabels, out: Families) -> None:
+def _render_info(
+    snapshot: GpuSnapshot, r: NvidiaGpu, x: NvidiaReading, dev: DeviceLabels, out: Families
+) -> None:
     """`gpuscope_gpu_info`: everything descriptive about a GPU, kept off the device series."""
     ident = r.identity
     out.add(
@@ -84,17 +98,17 @@ def _render_info(snapshot: GpuSnapshot, r: GpuReading, dev: DeviceLabels, out: F
             ident.pci_bus_id,
             ident.serial,
             ident.architecture,
-            ident.compute_capability,
+            x.compute_capability,
             str(ident.numa_node) if ident.numa_node is not None else "",
             snapshot.driver_version,
-            snapshot.cuda_driver_version,
-            r.mig_mode or "",
+            node(snapshot).cuda_driver_version,
+            x.mig_mode or "",
         ),
         1,
     )
 
 
-def _render_scalars(r: GpuReading, dev: DeviceLabels, out: Families) -> None:
+def _render_scalars(r: NvidiaGpu, x: NvidiaReading, dev: DeviceLabels, out: Families) -> None:
     """One sample per family with only the device labels; a value NVML lacked is left out
     rather than exported as 0."""
     scalars: tuple[tuple[str, float | int | bool | None], ...] = (
@@ -111,10 +125,10 @@ def _render_scalars(r: GpuReading, dev: DeviceLabels, out: Families) -> None:
         ("gpuscope_gpu_pcie_transmit_bytes_total", r.pcie_transmit_bytes),
         ("gpuscope_gpu_pcie_receive_bytes_total", r.pcie_receive_bytes),
         ("gpuscope_gpu_pcie_replay_errors_total", r.pcie_replay_errors),
-        ("gpuscope_gpu_nvlink_transmit_bytes_total", r.nvlink_transmit_bytes),
-        ("gpuscope_gpu_nvlink_receive_bytes_total", r.nvlink_receive_bytes),
-        ("gpuscope_gpu_row_remap_pending", r.row_remap_pending),
-        ("gpuscope_gpu_row_remap_failure", r.row_remap_failure),
+        ("gpuscope_gpu_nvlink_transmit_bytes_total", r.link_transmit_bytes),
+        ("gpuscope_gpu_nvlink_receive_bytes_total", r.link_receive_bytes),
+        ("gpuscope_gpu_row_remap_pending", x.row_remap_pending),
+        ("gpuscope_gpu_row_remap_failure", x.row_remap_failure),
     )
     for name, value in scalars:
         if value is not None:
@@ -124,13 +138,13 @@ def _render_scalars(r: GpuReading, dev: DeviceLabels, out: Families) -> None:
     unsampled = r.unsampled_seconds
     if unsampled is not None and (unsampled or out.full("gpuscope_gpu_unsampled_seconds_total")):
         out.add("gpuscope_gpu_unsampled_seconds_total", dev, float(unsampled))
-    if r.recovery_action is not None:
-        action = fields.recovery_action_name(r.recovery_action)
-        code = str(r.recovery_action)
+    if x.recovery_action is not None:
+        action = fields.recovery_action_name(x.recovery_action)
+        code = str(x.recovery_action)
         out.add("gpuscope_gpu_recovery_action_info", (*dev, action, code), 1)
 
 
-def _render_labelled(r: GpuReading, dev: DeviceLabels, out: Families) -> None:
+def _render_labelled(r: NvidiaGpu, x: NvidiaReading, dev: DeviceLabels, out: Families) -> None:
     """Families with one extra label (sensor, clock, reason, current/max, error kind), one
     sample per key the reading has, in the reading's own key order; at the default level
     the SM and memory clocks and the reasons that hold the clocks down."""
@@ -148,7 +162,7 @@ def _render_labelled(r: GpuReading, dev: DeviceLabels, out: Families) -> None:
         ("gpuscope_gpu_pcie_link_generation", r.pcie_link_generation),
         ("gpuscope_gpu_pcie_link_width", r.pcie_link_width),
         ("gpuscope_gpu_ecc_errors_total", r.ecc_errors),
-        ("gpuscope_gpu_remapped_rows_total", r.remapped_rows),
+        ("gpuscope_gpu_remapped_rows_total", x.remapped_rows),
     )
     for name, values in labelled:
         for label, value in values.items():
@@ -224,6 +238,15 @@ class _GpmCounters(Protocol):
     def tensor_active_seconds(self) -> float | None: ...
     @property
     def dram_active_seconds(self) -> float | None: ...
+
+
+class _GpuCounters:
+    """A GPU's GPM counters: SM-active seconds are the contract's, the rest NVIDIA's."""
+
+    def __init__(self, r: NvidiaGpu, x: NvidiaReading) -> None:
+        self.sm_active_seconds = r.sm_active_seconds
+        self.tensor_active_seconds = x.tensor_active_seconds
+        self.dram_active_seconds = x.dram_active_seconds
 
 
 def _render_gpm(

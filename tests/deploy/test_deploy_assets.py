@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from gpuscope.agent.gpu import xid, xid_catalog
-from gpuscope.exporters.labels import gpu as labels_gpu
+from gpuscope.exporters.labels import nvidia as labels_nvidia
 from tests.deploy.test_scrape_objects import compose
 from tests.support.manifests import find, render, render_text
 from tests.support.observability import (
@@ -206,7 +206,7 @@ def test_the_rules_labels_and_dashboards_share_the_catalogs_critical_xids() -> N
     assert _xid_regexes(fleet) == {regex}
     for path in DASHBOARDS.glob("*.json"):
         assert _xid_regexes(path.read_text()) <= {regex}, path.name
-    assert labels_gpu.CRITICAL_XIDS == xid_catalog.CRITICAL_XIDS
+    assert labels_nvidia.CRITICAL_XIDS == xid_catalog.CRITICAL_XIDS
     assert xid.FATAL_XIDS == xid_catalog.FATAL_XIDS <= xid_catalog.CRITICAL_XIDS
     assert xid_catalog.RECOVERY_ACTION_XID not in xid_catalog.CRITICAL_XIDS
 

@@ -21,7 +21,10 @@ TOP_FILES = ("Makefile", "pyproject.toml", "CHANGELOG.md", "README.md", "LICENSE
 # collector in docs/architecture.md ("Adding a collector").
 EXAMPLES = {"agent/disk", "agent/disk/records.py", "agent/disk/source.py",
             "agent/disk/collector.py", "exporters/prometheus/disk.py",
-            "tests/unit/disk"}  # fmt: skip
+            "tests/unit/disk",
+            # docs/architecture.md, "Adding a vendor": AMD's collector, to come (#23)
+            "agent/amd/records.py", "agent/amd/source.py", "agent/amd/collector.py",
+            "exporters/prometheus/amd.py", "exporters/labels/amd.py"}  # fmt: skip
 NOT_PATHS = {"gpuscope/gpuscope"}  # the PodMonitor's Prometheus job name
 # Other programs' flags the docs name alone, in a code span of their own.
 FOREIGN_FLAGS = {

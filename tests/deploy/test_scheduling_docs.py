@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuscope.agent.gpu.records import GpuSnapshot
+from gpuscope.agent.accelerators.records import AcceleratorSnapshot
 from gpuscope.agent.pci import LEVELS
-from gpuscope.exporters.labels.gpu import FAMILIES, NetworkPlacement, gpu_labels
+from gpuscope.exporters.labels.gpu import NetworkPlacement, gpu_labels
+from gpuscope.exporters.labels.nvidia import FAMILIES
 from gpuscope.exporters.labels.publish import OWNED
 from tests.doubles.fakenvml.control import FakeNvml
 from tests.doubles.make_sysfs import write_tree
@@ -62,7 +63,7 @@ def agent_labels(inprocess, emitted: dict[str, set[str]]) -> dict[str, set[str]]
         for profile in PROFILES:
             h = inprocess(profile)
             snapshot = h.gpu.collect()
-            assert isinstance(snapshot, GpuSnapshot)
+            assert isinstance(snapshot, AcceleratorSnapshot)
             for network in (None, NetworkPlacement(rdma_present=True, nic_affinity="pix")):
                 for key, value in gpu_labels(snapshot, PREFIX, network=network).items():
                     emitted.setdefault(key, set()).add(value)

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from gpuscope.agent.gpu.records import nvidia
 from tests.support import InProcess, wait_for
 
 PATTERN = [(0.7, 90.0, 40.0), (0.5, 0.0, 0.0), (1.1, 35.0, 10.0), (0.3, 100.0, 80.0)]
@@ -215,8 +216,8 @@ def test_mig_instances_get_busy_and_idle_time_from_gpm(inprocess) -> None:
     h.fake.set_gpm_activity(7, graphics=0.0, mig_instance=idle_gi)  # holds the slice, runs nothing
     h.advance(10, step=0.5)
     [reading] = [r for r in h.gpu.collect().gpus if r.identity.index == 7]
-    assert reading.mig_instances
-    for mig in reading.mig_instances:
+    assert nvidia(reading).mig_instances
+    for mig in nvidia(reading).mig_instances:
         assert mig.integrals is not None and mig.gpm is not None
         gi = mig.gpu_instance
         busy = h.fake.true_gpm_seconds(7, "graphics", start, h.fake.now, mig_instance=gi)

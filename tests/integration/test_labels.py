@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuscope.agent.gpu.records import GpuSnapshot
+from gpuscope.agent.accelerators.records import AcceleratorSnapshot
+from gpuscope.agent.gpu.records import GpuSnapshot, nvidia
 from gpuscope.exporters.labels.gpu import check, gpu_labels
 from gpuscope.exporters.labels.values import is_valid_value, label_value
 from tests.doubles.fakenvml.control import FakeNvml
@@ -24,7 +25,7 @@ PROFILES = ["dgx-h100", "hgx-a100-mig", "pcie-l40s", "mixed"]
 
 def snapshot(h) -> GpuSnapshot:
     snap = h.gpu.collect()
-    assert isinstance(snap, GpuSnapshot)
+    assert isinstance(snap, AcceleratorSnapshot)
     return snap
 
 
@@ -67,7 +68,7 @@ def test_healthy_count_follows_lost_gpus_row_remaps_and_critical_xids(inprocess)
     h.fake.inject_xid(4, 79)  # fallen off the bus: critical
     from tests.support import wait_for
 
-    wait_for(lambda: 79 in snapshot(h).gpus[4].xid_errors, what="XID 79 counted")
+    wait_for(lambda: 79 in nvidia(snapshot(h).gpus[4]).xid_errors, what="XID 79 counted")
     labels = gpu_labels(snapshot(h))
     assert labels["gpuscope.io/gpu.healthy"] == "5"
     assert labels["gpuscope.io/gpu.count"] == "8"

@@ -29,10 +29,10 @@ source.start()
 snap = source.collect()
 gpu = next(r for r in snap.gpus if r.identity.index == 6)
 print(json.dumps({
-    "processes": [[p.pid, p.used_memory_bytes, p.mig_uuid] for p in gpu.processes],
+    "processes": [[p.pid, p.used_memory_bytes, p.partition_uuid] for p in gpu.processes],
     "refused": sorted(snap.processes_refused),
     "memory_used": gpu.memory_used_bytes,
-    "mig_memory": [m.memory_used_bytes for m in gpu.mig_instances],
+    "mig_memory": [m.memory_used_bytes for m in gpu.extension.mig_instances],
 }))
 source.stop()
 """

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from gpuscope.agent.gpu.records import GpuIdentity, GpuProcess, GpuReading, GpuSnapshot
+from gpuscope.agent.gpu.records import GpuProcess, GpuReading
 from gpuscope.agent.k8s.podresources.records import (
     ContainerDevices,
     Device,
@@ -17,6 +17,7 @@ from gpuscope.agent.k8s.records import PodMeta, PodsSnapshot
 from gpuscope.agent.k8s.workloads import Workload
 from gpuscope.agent.net.records import NetSnapshot, PodNetwork
 from gpuscope.agent.runtime.sources import Collection, SourceResult
+from tests.support import gpu_records
 
 G0 = "GPU-00000000-0000-4000-8000-000000000000"
 
@@ -40,7 +41,7 @@ def gpu_collection(
     """The GPU with `idle` idle seconds integrated so far, held by `holders` (default every
     pod, through the kubelet), `pods` as the API lists them; `retransmits` by pod UID as the
     net collector counts them (None: no net collector)."""
-    identity = GpuIdentity(0, G0, "H100", "0000:18:00.0", "1", "hopper", "9.0", 0)
+    identity = gpu_records.identity(0, G0, "H100")
     reading = GpuReading(
         identity,
         True,
@@ -60,7 +61,7 @@ def gpu_collection(
         polled_at=at,
     )
     results: dict[str, SourceResult[object]] = {
-        "gpu": SourceResult("gpu", GpuSnapshot("550", "12.4", "12.550", (reading,)), True, 0),
+        "gpu": SourceResult("gpu", gpu_records.snapshot((reading,)), True, 0),
         "kubelet": SourceResult("kubelet", kubelet, True, 0),
         "pods": SourceResult("pods", PodsSnapshot({p.uid: p for p in pods}), True, 0),
     }

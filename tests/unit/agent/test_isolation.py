@@ -11,7 +11,7 @@ from gpuscope.agent.app.config import parse
 from gpuscope.agent.app.exposition import exposition_of
 from gpuscope.agent.clock import ManualClock
 from gpuscope.agent.gpu.collector import GPU
-from gpuscope.agent.runtime.sources import SourceUnavailable
+from gpuscope.agent.runtime.sources import SourceAbsent, SourceUnavailable
 from gpuscope.exporters.prometheus.exporter import PrometheusExporter
 from gpuscope.exporters.prometheus.render import Renderer
 from tests.support.promtext import Exposition
@@ -142,3 +142,28 @@ def test_a_missing_python_dependency_fails_only_its_collector(monkeypatch, caplo
         "collector kubelet failed: cannot import gpuscope.agent.k8s.kubelet_source" in caplog.text
     )
     agent.stop()
+
+
+class NoLibrary(Flaky):
+    """Its vendor library is not on the host: an absence, not a fault."""
+
+    def start(self) -> None:
+        self.started += 1
+        raise SourceAbsent("vendor library not found: no such devices on this host")
+
+
+def test_an_absent_source_says_so_in_every_result_until_it_starts() -> None:
+    """The labels withdraw only on an absence (agent/labels/hold.py): the runner keeps the
+    start's kind of failure, also on collections between two tries, and a fault is not one."""
+    clock = ManualClock()
+    absent, faulty = NoLibrary("absent"), NeverStarts("faulty")
+    agent = make(absent, faulty, clock=clock)
+    for _ in range(2):  # the first try at start, then a collection before the retry is due
+        results = agent.runner.collect().results
+        assert results["absent"].absent and not results["absent"].success
+        assert results["absent"].error == "vendor library not found: no such devices on this host"
+        assert not results["faulty"].absent and not results["faulty"].success
+    assert absent.started == 1  # the second collection did not try again yet
+    clock.advance(10)
+    assert agent.runner.collect().results["absent"].absent
+    assert absent.started == 2

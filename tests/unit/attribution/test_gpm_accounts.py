@@ -7,18 +7,21 @@ from __future__ import annotations
 
 import pytest
 
+from gpuscope.agent.accelerators.records import Partition
 from gpuscope.agent.attribution import mig
 from gpuscope.agent.attribution.activity import ActivityInput, LowActivityAccountant
 from gpuscope.agent.attribution.energy import EnergyAccountant
 from gpuscope.agent.attribution.records import GpuHolding, PodGpuUsage, PodRef
+from gpuscope.agent.gpu import partitions
 from gpuscope.agent.gpu.records import (
     GpmActivity,
-    GpuIdentity,
     GpuIntegrals,
     GpuReading,
     MigInstance,
+    NvidiaReading,
 )
 from gpuscope.agent.k8s.workloads import Workload
+from tests.support import gpu_records
 
 G0 = "GPU-00000000-0000-4000-8000-000000000000"
 
@@ -26,8 +29,23 @@ G0 = "GPU-00000000-0000-4000-8000-000000000000"
 def reading(
     energy: float | None = None, migs: tuple[MigInstance, ...] = (), model: str = "H100"
 ) -> GpuReading:
-    ident = GpuIdentity(0, G0, model, "0000:18:00.0", "1", "hopper", "9.0", 0)
-    return GpuReading(ident, True, energy_joules=energy, mig_instances=migs)
+    return GpuReading(
+        gpu_records.identity(0, G0, model),
+        True,
+        extension=NvidiaReading(mig_instances=migs),
+        energy_joules=energy,
+        partitions=partitions.partitions(G0, model, migs),
+    )
+
+
+def shares(r: GpuReading) -> dict[str, float]:
+    return {p.uuid: p.share for p in r.partitions}
+
+
+def part(m: MigInstance) -> Partition:
+    """A MIG device as attribution sees it."""
+    (p,) = partitions.partitions(G0, "H100", (m,))
+    return p
 
 
 def device(uuid: str, profile: str, gi: int, ci: int = 0, **kw: object) -> MigInstance:
@@ -43,28 +61,27 @@ def refs(*pods: str) -> dict[tuple[str, str], PodRef]:
 
 
 def test_slices_come_from_the_gpu_instance_part_of_the_profile() -> None:
-    assert [mig.slices(p) for p in ("1g.10gb", "3g.40gb", "1c.3g.40gb", "7g.80gb", "weird")] == [
-        1, 3, 3, 7, None
-    ]  # fmt: skip
+    profiles = ("1g.10gb", "3g.40gb", "1c.3g.40gb", "7g.80gb", "weird")
+    assert [partitions.slices(p) for p in profiles] == [1, 3, 3, 7, None]
 
 
 def test_shares_are_compute_slices_split_between_the_devices_of_a_gpu_instance() -> None:
     r = reading(migs=(device("A", "3g.40gb", 1), device("B1", "1c.2g.20gb", 2),
                       device("B2", "1c.2g.20gb", 2, 1), device("C", "1g.10gb", 3)))  # fmt: skip
-    assert mig.shares(r) == pytest.approx({"A": 3 / 7, "B1": 1 / 7, "B2": 1 / 7, "C": 1 / 7})
+    assert shares(r) == pytest.approx({"A": 3 / 7, "B1": 1 / 7, "B2": 1 / 7, "C": 1 / 7})
     a30 = reading(migs=(device("A", "2g.12gb", 1), device("B", "2g.12gb", 2)), model="A30")
-    assert mig.shares(a30) == {"A": 0.5, "B": 0.5}
+    assert shares(a30) == {"A": 0.5, "B": 0.5}
 
 
 def test_a_profile_without_slices_gets_what_the_named_ones_leave() -> None:
     r = reading(migs=(device("A", "4g.40gb", 1), device("X", "odd", 2), device("Y", "odd", 3)))
-    assert mig.shares(r) == pytest.approx({"A": 4 / 7, "X": 1.5 / 7, "Y": 1.5 / 7})
-    assert sum(mig.shares(r).values()) == pytest.approx(1.0)
+    assert shares(r) == pytest.approx({"A": 4 / 7, "X": 1.5 / 7, "Y": 1.5 / 7})
+    assert sum(shares(r).values()) == pytest.approx(1.0)
 
 
 def test_legacy_mig_ids_name_the_same_device() -> None:
     r = reading(migs=(device("MIG-new", "1g.10gb", 9, 0),))
-    assert mig.mig_ids([r]) == {"MIG-new": "MIG-new", f"MIG-{G0}/9/0": "MIG-new"}
+    assert r.partitions[0].ids == ("MIG-new", f"MIG-{G0}/9/0")
 
 
 def integrals(busy: float, idle: float) -> GpuIntegrals:
@@ -73,19 +90,17 @@ def integrals(busy: float, idle: float) -> GpuIntegrals:
 
 def test_last_active_is_now_minus_the_idle_tail_of_an_active_interval() -> None:
     seen = mig.LastActive()
-    first = device("M", "1g.10gb", 1, integrals=integrals(0, 0), gpm=GpmActivity())
+    first = part(device("M", "1g.10gb", 1, integrals=integrals(0, 0), gpm=GpmActivity()))
     assert seen.update({"M": first}, 100.0) == {"M": None}  # nothing known yet
     # 10 s busy then 20 s idle: last active 20 s before now.
-    assert seen.update({"M": device("M", "1g.10gb", 1, integrals=integrals(10, 20))}, 130.0) == {
-        "M": 110.0
-    }
+    busy = part(device("M", "1g.10gb", 1, integrals=integrals(10, 20)))
+    assert seen.update({"M": busy}, 130.0) == {"M": 110.0}
     # 30 s all idle (the integral lagging a tick): unchanged.
-    assert seen.update({"M": device("M", "1g.10gb", 1, integrals=integrals(10, 49))}, 160.0) == {
-        "M": 110.0
-    }
+    idle = part(device("M", "1g.10gb", 1, integrals=integrals(10, 49)))
+    assert seen.update({"M": idle}, 160.0) == {"M": 110.0}
     assert seen.update({}, 170.0) == {}  # gone: forgotten
-    back = device("M", "1g.10gb", 1, integrals=integrals(12, 49),
-                  gpm=GpmActivity(graphics_engine_active=0.4))  # fmt: skip
+    back = part(device("M", "1g.10gb", 1, integrals=integrals(12, 49),
+                       gpm=GpmActivity(graphics_engine_active=0.4)))  # fmt: skip
     assert seen.update({"M": back}, 180.0) == {"M": 180.0}  # first seen busy: active now
 
 

@@ -14,10 +14,11 @@ from gpuscope.agent import hostfs
 from gpuscope.agent.attribution.processes import HOST_PROCESS, Dropped, process_pod
 from gpuscope.agent.attribution.stage import Attributor
 from gpuscope.agent.clock import ManualClock
-from gpuscope.agent.gpu.records import GpuIdentity, GpuProcess, GpuReading, GpuSnapshot
+from gpuscope.agent.gpu.records import GpuProcess, GpuReading
 from gpuscope.agent.hostfs import HostFs
 from gpuscope.agent.k8s.cgroups import PodCgroup
 from gpuscope.agent.runtime.sources import Collection, SourceResult
+from tests.support import gpu_records
 
 UID = "eadf4777-07b8-449a-873e-2a219705c38d"
 CID = "a" * 64
@@ -148,13 +149,13 @@ def test_a_denied_file_drops_the_process_as_unreadable_not_as_a_host_process(
 
 
 def gpu_collection(pids: list[int]) -> Collection:
-    identity = GpuIdentity(0, "GPU-0", "H100", "0000:18:00.0", "1", "hopper", "9.0", 0)
+    identity = gpu_records.identity(0, "GPU-0", "H100")
     reading = GpuReading(
         identity=identity,
         up=True,
         processes=tuple(GpuProcess(pid, GIB, 0.5) for pid in pids),
     )
-    snapshot = GpuSnapshot("550", "12.4", "12.550", (reading,))
+    snapshot = gpu_records.snapshot((reading,))
     return Collection(
         results={"gpu": SourceResult("gpu", snapshot, True, 0.01)}, collected_at=1000.0
     )

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from gpuscope.agent.app.registry import COLLECTORS
+from gpuscope.agent.app.registry import COLLECTORS, accelerators
+from gpuscope.agent.attribution.devices import ACCELERATORS
 from gpuscope.agent.attribution.records import Attribution
 from gpuscope.agent.attribution.spec import StageSpec
 from gpuscope.agent.attribution.stage import Attributor
@@ -48,11 +49,23 @@ def test_every_field_is_added_by_one_stage_and_the_record_has_them_but_dropped()
     assert {f.name for f in fields(Attribution)} - set(JOINED) == {"dropped"}
 
 
-def test_the_sources_a_stage_names_are_declared_collectors() -> None:
+def test_the_sources_a_stage_names_are_declared_collectors_or_a_role_some_have() -> None:
     declared = {c.name: c for c in COLLECTORS}
+    assert accelerators(declared), "no collector has the role ACCELERATORS stands for"
     for spec in STAGES:
         for source in spec.sources:
+            if source is ACCELERATORS:
+                continue
             assert declared.get(source.name) is source, (spec.name, source.name)
+
+
+def declared_names(spec: StageSpec) -> set[str]:
+    """The collectors a stage may ask for records: ACCELERATORS stands for every collector
+    of that role."""
+    names = {s.name for s in spec.sources if s is not ACCELERATORS}
+    if ACCELERATORS in spec.sources:
+        names |= {c.name for c in accelerators(c.name for c in COLLECTORS)}
+    return names
 
 
 # --- run: what each stage reads and adds --------------------------------------------------------
@@ -138,12 +151,12 @@ def test_each_stage_reads_and_adds_what_it_declares_no_more(tmp_path: Path) -> N
             now = TracedJoined.seen
             assert now.adds == set(spec.adds), spec.name
             assert now.reads <= set(spec.reads) | set(spec.adds), spec.name
-            assert now.sources <= {s.name for s in spec.sources}, spec.name
+            assert now.sources <= declared_names(spec), spec.name
             for total, part in zip(astuple(seen[spec.name]), astuple(now), strict=True):
                 total.update(part)
     for spec in STAGES:  # and every read declared happened in some collection: none idle
         assert seen[spec.name].reads - set(spec.adds) == set(spec.reads), spec.name
-        assert seen[spec.name].sources == {s.name for s in spec.sources}, spec.name
+        assert seen[spec.name].sources == declared_names(spec), spec.name
 
 
 def astuple(seen: Seen) -> tuple[set[str], set[str], set[str]]:

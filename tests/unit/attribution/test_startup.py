@@ -14,20 +14,20 @@ from lightkube import Client, KubeConfig
 from gpuscope.agent.attribution.stage import Attributor
 from gpuscope.agent.attribution.startup import StartupTracker
 from gpuscope.agent.clock import ManualClock
+from gpuscope.agent.gpu import partitions
 from gpuscope.agent.gpu.records import (
     GpmActivity,
-    GpuIdentity,
     GpuProcess,
     GpuReading,
-    GpuSnapshot,
     MigInstance,
+    NvidiaReading,
 )
 from gpuscope.agent.k8s.pods import PodWatcher, pod_meta, scheduled_at
 from gpuscope.agent.k8s.records import PodMeta, PodsSnapshot
 from gpuscope.agent.runtime.sources import Collection, SourceResult
 from tests.doubles.kube_apiserver import KubeApiServer
 from tests.doubles.kube_apiserver import pod as pod_object
-from tests.support import wait_for
+from tests.support import gpu_records, wait_for
 from tests.support.why_idle import gpu_collection, meta
 
 UID = "eadf4777-07b8-449a-873e-2a219705c38d"
@@ -155,14 +155,15 @@ def test_the_stage_exports_a_start_up_once_a_process_of_the_pod_runs_a_kernel(
 
 
 def mig_collection(pods: dict[str, PodMeta], active: float) -> Collection:
-    ident = GpuIdentity(0, "GPU-0", "H100", "0000:18:00.0", "1", "hopper", "9.0", 0)
+    ident = gpu_records.identity(0, "GPU-0", "H100")
     mig = MigInstance("MIG-a", "1g.10gb", 1, 0, None, None,
                       gpm=GpmActivity(graphics_engine_active=active))  # fmt: skip
-    reading = GpuReading(ident, True, mig_instances=(mig,),
+    reading = GpuReading(ident, True, extension=NvidiaReading(mig_instances=(mig,)),
+                         partitions=partitions.partitions("GPU-0", "H100", (mig,)),
                          processes=(GpuProcess(7, 2**30, None, "MIG-a"),))  # fmt: skip
     return Collection(
         results={
-            "gpu": SourceResult("gpu", GpuSnapshot("550", "12.4", "12.550", (reading,)), True, 0),
+            "gpu": SourceResult("gpu", gpu_records.snapshot((reading,)), True, 0),
             "pods": SourceResult("pods", PodsSnapshot(pods), True, 0),
         },
         collected_at=0.0,

@@ -13,7 +13,7 @@ import pytest
 from gpuscope.agent.attribution.options import AttributionOptions
 from gpuscope.agent.attribution.stage import Attributor
 from gpuscope.agent.clock import ManualClock
-from gpuscope.agent.gpu.records import GpuIdentity, GpuProcess, GpuReading, GpuSnapshot
+from gpuscope.agent.gpu.records import GpuProcess, GpuReading
 from gpuscope.agent.hostfs import HostFs
 from gpuscope.agent.k8s.pod_cgroup_usage import (
     CgroupRoots,
@@ -28,6 +28,7 @@ from gpuscope.agent.k8s.pod_cgroup_usage import (
 from gpuscope.agent.k8s.records import PodMeta, PodsSnapshot
 from gpuscope.agent.k8s.workloads import Workload
 from gpuscope.agent.runtime.sources import Collection, SourceResult
+from tests.support import gpu_records
 
 UID = "eadf4777-07b8-449a-873e-2a219705c38d"
 OTHER = "0b6a3f1e-5a4d-4c1b-9f8e-7d6c5b4a3928"
@@ -303,7 +304,7 @@ def test_pod_directories_are_found_in_every_kubelet_layout_and_containers_are_no
 
 
 def collection(gpu_pids: list[int]) -> Collection:
-    identity = GpuIdentity(0, "GPU-0", "H100", "0000:18:00.0", "1", "hopper", "9.0", 0)
+    identity = gpu_records.identity(0, "GPU-0", "H100")
     reading = GpuReading(
         identity, True, processes=tuple(GpuProcess(pid, 2**30, 0.5) for pid in gpu_pids)
     )
@@ -313,7 +314,7 @@ def collection(gpu_pids: list[int]) -> Collection:
     }
     return Collection(
         results={
-            "gpu": SourceResult("gpu", GpuSnapshot("550", "12.4", "12.550", (reading,)), True, 0),
+            "gpu": SourceResult("gpu", gpu_records.snapshot((reading,)), True, 0),
             "pods": SourceResult("pods", PodsSnapshot(pods), True, 0),
         },
         collected_at=1000.0,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from gpuscope.agent.gpu.records import GpuIdentity, GpuReading, GpuSnapshot
 from gpuscope.agent.labels.hold import AbsenceClock, Reading, classify, decide
 from gpuscope.agent.runtime.sources import SourceResult
+from tests.support import gpu_records
 
 P = "gpuscope.io/"
 LAST = {
@@ -21,23 +22,18 @@ NO_GPU = {f"{P}gpu.present": "false", f"{P}rdma.present": "false"}
 
 
 def result(
-    records: GpuSnapshot | None = None, error: str | None = None
+    records: GpuSnapshot | None = None, error: str | None = None, *, absent: bool = False
 ) -> SourceResult[GpuSnapshot]:
-    return SourceResult("gpu", records, error is None, 0.01, error)
+    return SourceResult("gpu", records, error is None, 0.01, error, absent=absent)
 
 
 def snapshot(*up: bool) -> GpuSnapshot:
     gpus = tuple(GpuReading(identity=identity(i), up=answering) for i, answering in enumerate(up))
-    return GpuSnapshot(
-        driver_version="550.54.15", cuda_driver_version="12.4", nvml_version="", gpus=gpus
-    )
+    return gpu_records.snapshot(gpus, driver_version="550.54.15", nvml_version="")
 
 
 def identity(index: int) -> GpuIdentity:
-    return GpuIdentity(
-        index=index, uuid=f"GPU-{index}", model="NVIDIA H100 80GB HBM3", pci_bus_id="",
-        serial="", architecture="hopper", compute_capability="9.0", numa_node=None,
-    )  # fmt: skip
+    return gpu_records.identity(index, f"GPU-{index}", pci_bus_id="", serial="", numa_node=None)
 
 
 def test_what_counts_as_absence_and_what_as_a_fault() -> None:
@@ -45,7 +41,9 @@ def test_what_counts_as_absence_and_what_as_a_fault() -> None:
     assert classify(result(snapshot(True, False))) is Reading.PARTIAL
     assert classify(result(snapshot())) is Reading.ABSENT  # NVML works and finds no GPU
     no_driver = "NVIDIA driver is not loaded (nvmlInit: driver not loaded)"
-    assert classify(result(error=no_driver)) is Reading.ABSENT
+    assert classify(result(error=no_driver, absent=True)) is Reading.ABSENT  # SourceAbsent
+    # The words do not decide: the source's typed answer does.
+    assert classify(result(error=no_driver)) is Reading.FAILED
     assert classify(result(error="nvmlInit failed: Unknown Error")) is Reading.FAILED
     assert classify(result(error="collector gpu stuck for 12 s")) is Reading.FAILED
     assert classify(None) is Reading.FAILED

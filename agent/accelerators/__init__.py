@@ -1,0 +1,1 @@
+"""The accelerator contract: one record for any vendor's GPUs (records.py)."""

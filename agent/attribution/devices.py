@@ -1,0 +1,61 @@
+"""The devices attribution reads: every accelerator collector's, whichever vendor's.
+
+Stages never name a vendor's collector. They declare `ACCELERATORS` among their sources and
+read `devices(collection, keys)`, where `keys` are the accelerator collectors the app
+enabled (role ACCELERATOR, agent/app/registry.py) or, where none were given (a stage driven
+by hand), every result whose records are an `AcceleratorSnapshot`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpuscope.agent.accelerators.records import AcceleratorSnapshot, AnyAccelerators, AnyReading
+from gpuscope.agent.runtime.sources import Collection, Keyed
+
+
+@dataclass(frozen=True, slots=True)
+class Role:
+    """A stage's declared source that stands for every collector of a role."""
+
+    name: str
+    records: type[Any]
+
+
+ACCELERATORS = Role("accelerators", AcceleratorSnapshot)
+
+
+@dataclass(frozen=True, slots=True)
+class Devices:
+    """Every device the accelerator collectors read in one collection, in registry order."""
+
+    readings: tuple[AnyReading, ...]
+    processes_refused: frozenset[str]  # devices whose process list the library refused
+
+
+def devices(
+    collection: Collection, keys: Sequence[Keyed[AnyAccelerators]] | None
+) -> Devices | None:
+    """The devices of the accelerator collectors that answered; None where none did (no
+    device records at all, which is not the same as a node without devices)."""
+    if keys is None:
+        keys = [_Named(n) for n, r in collection.results.items() if _accelerators(r.records)]
+    snapshots = [s for key in keys if (s := collection.records(key)) is not None]
+    if not snapshots:
+        return None
+    return Devices(
+        readings=tuple(r for s in snapshots for r in s.gpus),
+        processes_refused=frozenset().union(*(s.processes_refused for s in snapshots)),
+    )
+
+
+def _accelerators(records: object) -> bool:
+    return isinstance(records, AcceleratorSnapshot)
+
+
+@dataclass(frozen=True, slots=True)
+class _Named:
+    name: str
+    records: type[Any] = AcceleratorSnapshot
