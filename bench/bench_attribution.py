@@ -149,7 +149,7 @@ def stage_times(full: Agent, n: int) -> tuple[list[float], list[float]]:
     """The attribution stage on the agent's latest collection, n times: the whole stage and
     the share of it in the GPM-era accounts (energy per pod, low-activity seconds, MIG last
     activity), per call."""
-    collection = full.collect().collection
+    collection = full.scrape().collection
     att = full.attributor
     accounts, energy = att.stages["accounts"], att.stages["energy"]
     assert isinstance(accounts, Accounts) and isinstance(energy, Energy)
@@ -191,7 +191,7 @@ def signal_costs(full: Agent, n: int) -> SignalCosts:
     assert isinstance(stage, Signals)
     reader = stage.reader
     assert reader is not None
-    collection = full.collect().collection
+    collection = full.scrape().collection
     pods = collection.last_records(PODS_SOURCE)
     assert pods is not None
     gpu_reader = PodCgroupReader(reader.roots, interval=0.0)

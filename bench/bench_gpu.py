@@ -115,7 +115,7 @@ def bench_gpm_render(state: Path, rounds: int) -> dict[str, float]:
         for _ in range(3):
             time.sleep(0.01)
             gpu_source.sampler.tick()
-        with_gpm = gpu_source.collect()
+        with_gpm = gpu_source.read()
         without = dataclasses.replace(
             with_gpm,
             gpus=tuple(

@@ -65,7 +65,7 @@ def alternate(measure, rounds: int) -> tuple[float, float, list[float], list[flo
             (with_probes if attached else without).append(measure())
         finally:
             if source is not None:
-                source.collect()  # read the maps once, as a scrape would
+                source.read()  # read the maps once, as a scrape would
                 source.stop()
     return statistics.median(with_probes), statistics.median(without), with_probes, without
 

@@ -1,5 +1,5 @@
 """What one scrape renders: the sources' collection, the attribution stage's result and the
-agent's own process figures. Built by `Agent.collect` (agent/app/agent.py), read by every
+agent's own process figures. Built by `Agent.scrape` (agent/app/agent.py), read by every
 exporter: the exporters define what they are handed."""
 
 from __future__ import annotations

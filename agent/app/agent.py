@@ -51,7 +51,7 @@ class MissingDependency(StatelessSource):
     def start(self) -> None:
         raise SourceUnavailable(self._message)
 
-    def collect(self) -> Any:
+    def read(self) -> Any:
         raise SourceUnavailable(self._message)
 
 
@@ -127,7 +127,7 @@ class Agent:
             accelerators=accelerators(config.collectors),
         )
         self.registry = CollectorRegistry(auto_describe=False)
-        self.collector = PrometheusExporter(self.collect, exposition_of(config))
+        self.collector = PrometheusExporter(self.scrape, exposition_of(config))
         self.registry.register(self.collector)
         self._start_lock = threading.Lock()
         self._started = threading.Event()
@@ -145,7 +145,7 @@ class Agent:
         self._last: tuple[Scrape, float] | None = None  # the newest scrape, clock when done
         self._generation = 0  # collections done; a scrape that saw it change shares the last
 
-    def collect(self, *, start_wait: float = START_WAIT) -> Scrape:
+    def scrape(self, *, start_wait: float = START_WAIT) -> Scrape:
         """Every source, then attribution: what one scrape renders.
 
         Concurrent scrapes share one collection: a scrape that arrives while one is in flight
@@ -212,7 +212,7 @@ class Agent:
         ready). Safe to call again, and from several threads: later calls collect."""
         with self._start_lock:
             if self._ready.is_set():
-                return self.collect()
+                return self.scrape()
             self.runner.start()
             self._started.set()
             with self._collect_lock:  # scrapes that come meanwhile get this one

@@ -211,7 +211,7 @@ def check_costs(nvml: Nvml, source: GpuSource, args: Any) -> Check:
     first, _ = timed(sampler.tick, 1, 0.0)  # probes each GPU once
     ticks, _ = timed(sampler.tick, args.reps, args.budget)
     sampler.stop()  # frees its GPM sample buffers
-    collects, _ = timed(source.collect, args.reps, args.budget)
+    collects, _ = timed(source.read, args.reps, args.budget)
     tick, collect = stats(ticks), stats(collects)
     details = {
         "gpus": len(source.devices),
@@ -231,7 +231,7 @@ def check_costs(nvml: Nvml, source: GpuSource, args: Any) -> Check:
         )
     if (collect["p90"] or 0) > COLLECT_BUDGET:
         problems.append(
-            f"GpuSource.collect() p90 {ms(collect['p90'])} over "
+            f"GpuSource.read() p90 {ms(collect['p90'])} over "
             f"{len(source.devices)} GPUs, more than {ms(COLLECT_BUDGET)}"
         )
     ok = (

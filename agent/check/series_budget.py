@@ -42,7 +42,7 @@ def check_series_budget(agent: Agent, args: Any) -> Check:
     """What a real GPU costs in series at each detail level: the default level within the
     budget once the exceptions a real GPU may have are set apart."""
     default = PrometheusExporter(
-        agent.collect, exposition_of(parse(agent_argv(args, "default"), env={}))
+        agent.scrape, exposition_of(parse(agent_argv(args, "default"), env={}))
     )
     levels = {
         "default": series_by_gpu(default.render_text().decode()),

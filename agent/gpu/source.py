@@ -1,11 +1,11 @@
 """The GPU source: NVML devices -> `GpuSnapshot` records.
 
 Lifecycle: `start` initializes NVML, discovers the GPUs and starts the sampler and XID
-threads; `collect` (on every scrape) reads each GPU's current state and merges in what the
+threads; `read` (on every scrape) reads each GPU's current state and merges in what the
 threads accumulated. One lost GPU yields `up=False` for that GPU alone.
 
 Every per-GPU NVML call goes through that GPU's gate (agent/gpu/gate.py): the GPUs are read
-in parallel, each on its own worker thread, and `collect` waits for them up to one read
+in parallel, each on its own worker thread, and `read` waits for them up to one read
 deadline (`GpuConfig.read_deadline`). A GPU whose call is blocked past it reads `up=False`
 with its stuck time while the others are fresh; a GPU fenced after a fatal XID reads
 `up=False` with that XID and is not called at all (the sampler probes it with backoff).
@@ -145,7 +145,7 @@ class GpuSource:
         if device.identity.index in self._undiscovered:
             self._undiscovered.remove(device.identity.index)
 
-    def collect(self) -> GpuSnapshot:
+    def read(self) -> GpuSnapshot:
         integrals = self.sampler.integrals() if self.sampler is not None else {}
         empty = GpuIntegrals()
         deadline_at = self.gates.deadline_at()

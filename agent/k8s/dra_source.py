@@ -92,7 +92,7 @@ class DraSource:
         for watch in self._watches:  # the first lists, in parallel: one sync timeout in all
             watch.attempted.wait(self._sync_timeout)
 
-    def collect(self) -> DraSnapshot:
+    def read(self) -> DraSnapshot:
         for watch in self._watches:
             if not watch.synced.is_set():
                 raise SourceUnavailable(

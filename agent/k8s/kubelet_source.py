@@ -126,7 +126,7 @@ class KubeletSource:
             release_memory()
             return self._latest
 
-    def collect(self) -> KubeletSnapshot:
+    def read(self) -> KubeletSnapshot:
         latest, error = self._latest, self._error
         stale = (
             latest is None

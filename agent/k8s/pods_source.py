@@ -57,10 +57,10 @@ class PodsSource:
             self.watcher.start()
             self._started = True
         # Give the first list a moment so the first scrape already has names; an API server
-        # that fails or does not answer is reported by collect, and the watcher keeps trying.
+        # that fails or does not answer is reported by read, and the watcher keeps trying.
         self.watcher.attempted.wait(self._sync_timeout)
 
-    def collect(self) -> PodsSnapshot:
+    def read(self) -> PodsSnapshot:
         if not self.watcher.synced.is_set():
             raise SourceUnavailable(
                 f"no pod list from the Kubernetes API yet: {self.watcher.error or 'waiting'}"

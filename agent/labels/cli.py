@@ -50,7 +50,7 @@ def read_accelerators(config: Config) -> AnyAccelerators | None:
         source = spec.build(ctx)
         try:
             source.start()
-            found = source.collect()
+            found = source.read()
         except SourceUnavailable as exc:
             print(f"gpuscope labels: no GPUs readable: {exc}", file=sys.stderr)
         finally:

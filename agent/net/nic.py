@@ -42,7 +42,7 @@ class NicSource(StatelessSource):
         self.sysfs = sysfs
         self.fs = HostFs("nic")
 
-    def collect(self) -> NicSnapshot:
+    def read(self) -> NicSnapshot:
         return replace(read_nics(self.sysfs, self.fs), dropped=self.fs.counts())
 
 

@@ -136,7 +136,7 @@ class RdmaSource(StatelessSource):
         self.sysfs = sysfs
         self.fs = HostFs("rdma")
 
-    def collect(self) -> RdmaSnapshot:
+    def read(self) -> RdmaSnapshot:
         return replace(read_rdma(self.sysfs, self.fs), dropped=self.fs.counts())
 
 

@@ -163,7 +163,7 @@ class NetSource:
             root,
         )
 
-    def collect(self) -> NetSnapshot:
+    def read(self) -> NetSnapshot:
         probes, resolver = self.probes, self.resolver
         if probes is None or resolver is None:
             raise SourceUnavailable("eBPF probes are not loaded")

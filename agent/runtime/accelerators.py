@@ -15,7 +15,7 @@ ACCELERATOR = "accelerator"
 
 @runtime_checkable
 class DeviceWatch(Protocol):
-    """What an accelerator source offers beyond `collect`, for the node labels loop."""
+    """What an accelerator source offers beyond `read`, for the node labels loop."""
 
     def lost_devices(self) -> frozenset[str]:
         """UUIDs of the devices the source has noticed are lost, cheaply (no library call),

@@ -55,7 +55,8 @@ class SourceStale(SourceUnavailable):
 
 
 class Source(Protocol[R_co]):
-    """One reader of the world. `collect` returns immutable records or raises."""
+    """One reader of the world. `read` returns immutable records or raises; the runner's
+    `collect` reads every source, and the exporter renders what they read."""
 
     name: str
 
@@ -63,7 +64,7 @@ class Source(Protocol[R_co]):
         """Acquire long-lived resources and start background threads. May raise."""
         ...
 
-    def collect(self) -> R_co:
+    def read(self) -> R_co:
         """Read the current state. Called on the source's own worker thread, one call at a
         time; a call that blocks delays only this source (the runner's deadline)."""
         ...
@@ -290,7 +291,7 @@ class SourceRunner:
         not_started = self._try_start(source)
         if not_started is not None:
             raise not_started
-        return source.collect()
+        return source.read()
 
     @staticmethod
     def _result(name: str, outcome: Outcome[Any]) -> SourceResult[Any]:

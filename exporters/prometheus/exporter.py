@@ -58,8 +58,9 @@ class Exposition:
 
 
 class PrometheusExporter(Collector):
-    def __init__(self, collect: Callable[[], Scrape], exposition: Exposition) -> None:
-        self._collect = collect
+    def __init__(self, scrape: Callable[[], Scrape], exposition: Exposition) -> None:
+        """`scrape`: what one scrape renders (the agent's sources and stages, collected)."""
+        self._scrape = scrape
         self._exposition = exposition
         self._catalog = exposition.catalog
         self._renderers = exposition.renderers
@@ -78,7 +79,7 @@ class PrometheusExporter(Collector):
         return self.families().render_text()
 
     def families(self) -> Families:
-        scraped = self._collect()
+        scraped = self._scrape()
         collection, attribution = scraped.collection, scraped.attribution
         out = Families(self._catalog, self._selection)
         if self._exposition.node_label is not None:

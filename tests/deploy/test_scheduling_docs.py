@@ -62,7 +62,7 @@ def agent_labels(inprocess, emitted: dict[str, set[str]]) -> dict[str, set[str]]
     if not emitted:
         for profile in PROFILES:
             h = inprocess(profile)
-            snapshot = h.gpu.collect()
+            snapshot = h.gpu.read()
             assert isinstance(snapshot, AcceleratorSnapshot)
             for network in (None, NetworkPlacement(rdma_present=True, nic_affinity="pix")):
                 for key, value in gpu_labels(snapshot, PREFIX, network=network).items():

@@ -303,7 +303,7 @@ def test_the_wrong_clock_slow_fields_and_sparse_process_samples_fail(
     assert result.returncode == 1
     failed = {n: c["message"] for n, c in checks.items() if c["status"] == "fail"}
     assert "sample timestamps follow monotonic" in failed["util_samples"]
-    assert "GpuSource.collect() p90" in failed["costs"]
+    assert "GpuSource.read() p90" in failed["costs"]
     assert "more than 250 ms" in failed["costs"]
     assert "batched nvmlDeviceGetFieldValues latency" in failed["fields"]
     assert "longer than the agent's 2 s hold" in failed["process_util"]

@@ -57,7 +57,7 @@ def settled(source: DraSource, check: Callable[[DraSnapshot], bool], what: str) 
 
     def ok() -> bool:
         try:
-            seen.append(source.collect())
+            seen.append(source.read())
         except SourceStale:
             return False
         return check(seen[-1])
@@ -134,7 +134,7 @@ def test_an_api_outage_keeps_the_last_allocations_and_says_so(
 
     def failed() -> bool:
         try:
-            source.collect()
+            source.read()
         except SourceStale as exc:
             stale.append(exc)
             return True
@@ -163,7 +163,7 @@ def test_an_api_server_without_dra_is_one_clear_line(
 
         def failed() -> bool:
             try:
-                source.collect()
+                source.read()
             except SourceUnavailable as exc:
                 failures.append(str(exc))
                 return "resource.k8s.io/v1beta1" in failures[-1]

@@ -215,7 +215,7 @@ def test_mig_instances_get_busy_and_idle_time_from_gpm(inprocess) -> None:
     idle_gi = instances[-1]
     h.fake.set_gpm_activity(7, graphics=0.0, mig_instance=idle_gi)  # holds the slice, runs nothing
     h.advance(10, step=0.5)
-    [reading] = [r for r in h.gpu.collect().gpus if r.identity.index == 7]
+    [reading] = [r for r in h.gpu.read().gpus if r.identity.index == 7]
     assert nvidia(reading).mig_instances
     for mig in nvidia(reading).mig_instances:
         assert mig.integrals is not None and mig.gpm is not None

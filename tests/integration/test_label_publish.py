@@ -39,10 +39,10 @@ def test_gpu_lost_drops_gpu_healthy_on_the_node(inprocess, api) -> None:
     server, client = api
     h = inprocess("dgx-h100")
     pub = NodePublisher(client, "gpu-node-1", P)
-    pub.publish(gpu_labels(h.gpu.collect()), {})
+    pub.publish(gpu_labels(h.gpu.read()), {})
     assert labels_of(server)[f"{P}gpu.healthy"] == "8"
     h.fake.lose_gpu(5)
-    assert pub.publish(gpu_labels(h.gpu.collect()), {}) is True  # the next recompute
+    assert pub.publish(gpu_labels(h.gpu.read()), {}) is True  # the next recompute
     assert labels_of(server)[f"{P}gpu.healthy"] == "7"
 
 
@@ -51,7 +51,7 @@ def test_nodefeature_mode_object_shape(inprocess, api) -> None:
 
     server, client = api
     h = inprocess("dgx-h100")
-    snap = h.gpu.collect()
+    snap = h.gpu.read()
     owner = {"name": "gpuscope-abcde", "uid": "0f5e8c1a-1111-4222-8333-944455556666"}
     pub = NodeFeaturePublisher(client, "gpu-node-1", "gpuscope", owner)
     labels = gpu_labels(snap)
@@ -66,7 +66,7 @@ def test_nodefeature_mode_object_shape(inprocess, api) -> None:
     assert len(gpus) == 8 and gpus[0]["attributes"]["memory_mib"] == "81559"
     assert pub.publish(labels, snap) is False  # unchanged: no write
     h.fake.lose_gpu(2)
-    snap = h.gpu.collect()
+    snap = h.gpu.read()
     assert pub.publish(gpu_labels(snap), snap) is True
     obj = server.get_node_feature("gpuscope", "gpuscope-gpu-node-1")
     assert obj is not None and obj["spec"]["labels"][f"{P}gpu.healthy"] == "7"

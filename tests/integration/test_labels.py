@@ -24,7 +24,7 @@ PROFILES = ["dgx-h100", "hgx-a100-mig", "pcie-l40s", "mixed"]
 
 
 def snapshot(h) -> GpuSnapshot:
-    snap = h.gpu.collect()
+    snap = h.gpu.read()
     assert isinstance(snap, AcceleratorSnapshot)
     return snap
 

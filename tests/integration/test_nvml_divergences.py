@@ -235,7 +235,7 @@ def test_early_r535_process_entries_are_read_with_their_own_layout(inprocess) ->
     if _pynvml_entry_size() == 24:  # pynvml 13's own struct misreads this driver's list
         handle = pynvml.nvmlDeviceGetHandleByIndex(6)
         assert [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)] != pids
-    procs = next(r for r in h.gpu.collect().gpus if r.identity.index == 6).processes
+    procs = next(r for r in h.gpu.read().gpus if r.identity.index == 6).processes
     assert [(p.pid, p.used_memory_bytes) for p in procs] == sorted(
         (pid, (i + 1) << 30) for i, pid in enumerate(pids)
     )
@@ -252,7 +252,7 @@ def test_r535_104_and_later_write_the_short_entry(inprocess) -> None:
         handle = pynvml.nvmlDeviceGetHandleByIndex(2)
         listed = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
         assert sorted(p.pid for p in listed) == sorted([os.getpid(), 1])
-    procs = next(r for r in h.gpu.collect().gpus if r.identity.index == 2).processes
+    procs = next(r for r in h.gpu.read().gpus if r.identity.index == 2).processes
     assert sorted(p.pid for p in procs) == sorted([os.getpid(), 1])
 
 

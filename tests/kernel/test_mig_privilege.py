@@ -26,7 +26,7 @@ from pathlib import Path
 from gpuscope.agent.gpu.source import GpuConfig, GpuSource
 source = GpuSource(GpuConfig(background=False, sysfs=Path("/nonexistent")))
 source.start()
-snap = source.collect()
+snap = source.read()
 gpu = next(r for r in snap.gpus if r.identity.index == 6)
 print(json.dumps({
     "processes": [[p.pid, p.used_memory_bytes, p.partition_uuid] for p in gpu.processes],

@@ -64,7 +64,7 @@ def collect(net: NetSource) -> NetSnapshot:
     """Collect as a scrape would, a little later: the cgroup walk is rate-limited to 1/s."""
     assert isinstance(net.clock, ManualClock)
     net.clock.advance(1.1)
-    return net.collect()
+    return net.read()
 
 
 def pod_of(snapshot: NetSnapshot, pod: Pod) -> PodNetwork:

@@ -37,7 +37,7 @@ class Gate:
         if self.hold_start:
             self.released.wait(30)
 
-    def collect(self) -> int:
+    def read(self) -> int:
         self.calls += 1
         self.released.wait(30)
         self.value += 1
@@ -57,7 +57,7 @@ class Slow:
     def start(self) -> None:
         pass
 
-    def collect(self) -> int:
+    def read(self) -> int:
         self.calls += 1
         time.sleep(self.seconds)
         return self.calls
@@ -97,7 +97,7 @@ def test_a_hung_collector_is_stuck_with_its_last_good_data_and_the_others_stay_f
     hung, fine = Gate("hung"), Gate("fine")
     agent = make(hung, fine)
     try:
-        good = agent.collect().collection.results["hung"].records  # start's collection, then this
+        good = agent.scrape().collection.results["hung"].records  # start's collection, then this
         assert good == 2
         hung.hold()
         for _ in range(4):
@@ -107,7 +107,7 @@ def test_a_hung_collector_is_stuck_with_its_last_good_data_and_the_others_stay_f
             assert out.value("gpuscope_collector_stuck", collector="hung") == 1
             assert out.value("gpuscope_collector_success", collector="fine") == 1
             assert out.value("gpuscope_collector_stuck", collector="fine") == 0
-        scraped = agent.collect()
+        scraped = agent.scrape()
         stuck = scraped.collection.results["hung"]
         assert stuck.stuck and not stuck.success
         assert stuck.records == good  # the last good records
@@ -147,13 +147,13 @@ def test_a_stuck_collector_costs_one_deadline_not_one_per_scrape() -> None:
         first, took_first = timed_scrape(agent)
         assert took_first >= deadline  # the scrape that meets the hang waits it out, once
         assert first.value("gpuscope_collector_stuck", collector="hung") == 1
-        fresh = agent.collect().collection.results["fine"].records
+        fresh = agent.scrape().collection.results["fine"].records
         for _ in range(6):
             out, took = timed_scrape(agent)
             assert took < deadline / 2, took  # not another deadline
             assert out.value("gpuscope_collector_stuck", collector="hung") == 1
             assert out.value("gpuscope_collector_success", collector="fine") == 1
-        assert agent.collect().collection.results["fine"].records > fresh  # still collecting
+        assert agent.scrape().collection.results["fine"].records > fresh  # still collecting
         assert hung.calls == 2  # start's collection, then the one still in flight
     finally:
         hung.release()
@@ -267,9 +267,9 @@ def test_a_stuck_attribution_stage_serves_its_last_result() -> None:
         return real(collection)
 
     try:
-        before = agent.collect().attribution
+        before = agent.scrape().attribution
         agent.attributor.attribute = stuck_attribute  # type: ignore[method-assign]
-        scraped = agent.collect()
+        scraped = agent.scrape()
         assert scraped.attribution is before
         assert scraped.attribution_status is not None and scraped.attribution_status.stuck
         out = scrape(agent)
@@ -297,13 +297,13 @@ def test_a_recent_collection_is_reused_within_the_max_age_and_not_after() -> Non
     slow = Slow(0.0)
     agent = make(slow, max_age=0.5)
     try:
-        agent.collect()
+        agent.scrape()
         calls = slow.calls
-        agent.collect()
-        agent.collect()
+        agent.scrape()
+        agent.scrape()
         assert slow.calls == calls
         time.sleep(0.6)
-        agent.collect()
+        agent.scrape()
         assert slow.calls == calls + 1
     finally:
         agent.stop()

@@ -26,7 +26,7 @@ class Flaky:
     def start(self) -> None:
         self.started += 1
 
-    def collect(self) -> object:
+    def read(self) -> object:
         if self.error is not None:
             raise self.error
         return object()
@@ -116,7 +116,7 @@ def test_a_renderer_bug_fails_only_its_collector() -> None:
     agent = Agent(config, sources=[Flaky("buggy"), Flaky("other")])
     agent.registry.unregister(agent.collector)
     renderers = {"buggy": Renderer(GPU, (), broken)}
-    agent.registry.register(PrometheusExporter(agent.collect, exposition_of(config, renderers)))
+    agent.registry.register(PrometheusExporter(agent.scrape, exposition_of(config, renderers)))
     agent.start()
     m = scrape(agent)
     assert m.value("gpuscope_collector_success", collector="buggy") == 0

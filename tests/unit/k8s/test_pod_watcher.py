@@ -167,7 +167,7 @@ def test_bookmarks_keep_a_quiet_watch_alive(make_source: MakeSource) -> None:
     assert 60 <= int(request.query["timeoutSeconds"]) < 120  # jittered, as client-go does
     deadline = time.monotonic() + 3  # twice the read timeout, three times the bound
     while time.monotonic() < deadline:
-        assert source.collect().pods  # never stale: nothing changes, bookmarks come
+        assert source.read().pods  # never stale: nothing changes, bookmarks come
         time.sleep(0.1)
     assert source.watcher.lists == 1 and source.watcher.silences == 0
     assert len(server.calls("watch", "pods")) == 1
@@ -180,7 +180,7 @@ def test_a_server_without_bookmarks_is_relisted_quietly(
     server.add_pod("ml", "bert-0", node=NODE)
     source.start()
     wait_for(lambda: source.watcher.silences >= 3, what="silent watches")
-    assert source.collect().pods  # each relist is word from the API server: not stale
+    assert source.read().pods  # each relist is word from the API server: not stale
     silent = [r for r in caplog.records if "no data on the watch" in r.getMessage()]
     assert len(silent) == 1  # said once, not once per silent watch
     server.add_pod("ml", "llama-0", node=NODE)

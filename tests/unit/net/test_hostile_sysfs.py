@@ -146,11 +146,11 @@ def test_rdma_source_survives_a_counter_directory_loop(tree: Path) -> None:
     shutil.rmtree(counters)
     counters.symlink_to("counters")
     source = RdmaSource(tree)
-    port = next(d for d in source.collect().devices if d.name == "mlx5_0").ports[0]
+    port = next(d for d in source.read().devices if d.name == "mlx5_0").ports[0]
     assert port.transmit_bytes is None and port.counters == {}
     assert port.state_name == "ACTIVE" and port.hw_counters  # the rest of the port is read
     assert source.fs.counts()["loop"] == 1
-    m = scrape(render_rdma, source.collect())
+    m = scrape(render_rdma, source.read())
     assert m.value("gpuscope_inputs_dropped_total", stage="rdma", reason="loop") == 2
 
 
