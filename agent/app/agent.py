@@ -92,11 +92,11 @@ class _StageVoice:
 
 
 def _pod_signals(config: Config, clock: Clock) -> PodCgroupReader:
-    """The per-pod cgroup reader: the net collector's --cgroup-root (else detected under
-    --sysfs), read at most once per GPU sampler tick (--sample-interval) per pod."""
-    net, gpu = config.collector_options.get("net"), config.collector_options.get("gpu")
-    roots = CgroupRoots.detect(config.agent.sysfs, getattr(net, "cgroup_root", None))
-    return PodCgroupReader(roots, clock=clock, interval=getattr(gpu, "sample_interval", 1.0))
+    """The per-pod cgroup reader: under --cgroup-root (else detected under --sysfs), each
+    pod read at most once per --pod-signals-interval."""
+    roots = CgroupRoots.detect(config.agent.sysfs, config.agent.cgroup_root)
+    interval = config.attribution.pod_signals_interval
+    return PodCgroupReader(roots, clock=clock, interval=interval)
 
 
 class Agent:

@@ -149,6 +149,13 @@ class AgentOptions:
     sysfs: Path = flag(
         Path("/sys"), "where the host's /sys is mounted (/host/sys in the DaemonSet)"
     )
+    # Read by the net collector (its cgroup programs) and the attribution stage (pods'
+    # cgroup signals): a host root, like --procfs and --sysfs.
+    cgroup_root: Path | None = flag(
+        None,
+        "the host's cgroup v2 mount",
+        shown="<sysfs>/fs/cgroup, or its unified/ on hybrid hosts",
+    )
     kubeconfig: Path | None = flag(
         None,
         "kubeconfig for the Kubernetes API (pods collector, node labels)",

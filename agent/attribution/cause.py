@@ -12,7 +12,7 @@ that device (agent/k8s/pod_cgroup_usage.py), as rates of the pod's cumulative co
   summed over its containers), between two evaluations.
 
 The cgroup rates are taken between two of the reader's actual readings (it reads a pod at
-most once per --sample-interval): between readings the last rates stand, never a zero from a
+most once per --pod-signals-interval): between readings the last rates stand, never a zero from a
 cached reading. A pod's first reading has no rates yet. Over several holder pods of one
 workload on one device (time-slicing), each rate is the largest pod's.
 

@@ -11,7 +11,7 @@ from gpuscope.agent.attribution.cause import (
 )
 from gpuscope.agent.attribution.retention import DEFAULT_GRACE, DEFAULT_MAX_WORKLOADS
 from gpuscope.agent.k8s.podresources.gpus import DEFAULT_GPU_RESOURCES
-from gpuscope.agent.runtime.options import ConfigError, flag, names
+from gpuscope.agent.runtime.options import ConfigError, flag, names, number
 
 
 def _resources(flag_name: str, text: str) -> tuple[str, ...]:
@@ -56,6 +56,13 @@ class AttributionOptions:
         check=lambda v: None if 1 <= v <= 100_000 else f"expected 1 to 100000 pods, got {v}",
     )
     # agent/k8s/pod_cgroup_usage.py: pressure, throttling, block I/O and OOM kills per pod.
+    pod_signals_interval: float = flag(
+        1.0,
+        "seconds between two reads of one pod's cgroup signals (scrapes in between reuse the "
+        "last read)",
+        parse=number,
+        check=lambda v: None if 0.1 <= v <= 300 else f"expected 0.1 to 300 seconds, got {v:g}",
+    )
     pod_signals_all_pods: bool = flag(
         False,
         "read the cgroup signals (gpuscope_pod_pressure_*, _cpu_throttled_*, _io_*, "

@@ -31,11 +31,6 @@ def _map_size(most: int, what: str) -> Callable[[int], str | None]:
 
 @dataclass(frozen=True, slots=True)
 class NetOptions:
-    cgroup_root: Path | None = flag(
-        None,
-        "the host's cgroup v2 mount",
-        shown="<sysfs>/fs/cgroup, or its unified/ on hybrid hosts",
-    )
     net_per_container: bool = flag(
         False, "network series per container, not only per pod (true/false)"
     )
@@ -77,7 +72,7 @@ def _build_net(ctx: BuildContext[NetOptions]) -> Source[NetSnapshot]:
     config = NetConfig(
         sysfs=ctx.agent.sysfs,
         procfs=ctx.agent.procfs,
-        cgroup_root=o.cgroup_root,
+        cgroup_root=ctx.agent.cgroup_root,
         per_container=o.net_per_container,
         prune_grace=o.net_prune_grace,
         traffic_mode=o.net_traffic_mode,

@@ -8,7 +8,7 @@ POD = ("namespace", "pod", "pod_uid", "workload_kind", "workload")
 WHERE = (
     "Pods that hold a GPU (every pod with --pod-signals-all-pods) whose cgroup has the "
     "file{extra}; absent, not 0, where it does not (controller not enabled, kernel without "
-    "PSI). Read at most once per --sample-interval per pod. Names are empty while the "
+    "PSI). Read at most once per --pod-signals-interval per pod. Names are empty while the "
     "Kubernetes API has not named the pod."
 )
 

@@ -156,7 +156,9 @@ def test_flags_parse_and_name_mounted_host_paths(kustomization: str) -> None:
     assert config.agent.node_name == "gpu-node-1" and config.labels.namespace == "gpuscope"
     assert host_path(docs, config.agent.procfs) == "/proc"
     assert host_path(docs, config.agent.sysfs) == "/sys"
-    cgroup = net.cgroup_root or config.agent.sysfs / "fs" / "cgroup"  # and unified/ under it
+    cgroup = (
+        config.agent.cgroup_root or config.agent.sysfs / "fs" / "cgroup"
+    )  # and unified/ under it
     assert host_path(docs, cgroup) == "/sys/fs/cgroup"
     # bcc itself reads /lib/modules/$(uname -r)/build, whose link points into /usr/src: both at
     # their host paths, whatever --kernel-modules says.

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from gpuscope.agent.app.agent import Agent
+from gpuscope.agent.app.config import parse
 from gpuscope.agent.attribution.options import AttributionOptions
 from gpuscope.agent.attribution.stage import Attributor
 from gpuscope.agent.clock import ManualClock
@@ -390,3 +392,24 @@ def test_a_pod_asked_for_later_is_read_at_once_from_the_last_search(tmp_path: Pa
     assert set(reader.read({UID})) == {UID}
     assert set(reader.read({UID, OTHER})) == {UID, OTHER}  # e.g. a new GPU holder
     assert len(searches) == 1
+
+
+def test_the_agent_reads_pods_under_its_cgroup_root_at_the_pod_signals_interval(
+    tmp_path: Path,
+) -> None:
+    """--cgroup-root is the agent's host root (the net collector's too) and
+    --pod-signals-interval the reader's own pace, whatever the GPU sampler's."""
+    pod = systemd_pod(tmp_path / "cgroup")
+    write(pod, V2_FILES)
+    clock = ManualClock()
+    argv = ["--cgroup-root", str(tmp_path / "cgroup"), "--pod-signals-interval", "5",
+            "--sample-interval", "0.5"]  # fmt: skip
+    agent = Agent(parse(argv, env={}), clock=clock, sources=[])
+    reader = agent.attributor.context.pod_signals
+    assert reader is not None and reader.roots.v2 == tmp_path / "cgroup"
+    assert reader.read({UID})[UID].oom_kills == 2
+    (pod / "memory.events").write_text("oom_kill 3\n")
+    clock.advance(4.0)
+    assert reader.read({UID})[UID].oom_kills == 2  # within --pod-signals-interval: cached
+    clock.advance(1.0)
+    assert reader.read({UID})[UID].oom_kills == 3
