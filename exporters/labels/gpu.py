@@ -69,8 +69,9 @@ def gpu_labels(
 ) -> dict[str, str]:
     """The label set; `snapshot` None (no library) gives `gpu.present=false` alone.
 
-    Each label group is one function below that adds to `labels` in place: no dict per
-    group, and the keys keep the insertion order they had before the split.
+    The labels every vendor shares first, then the vendor's (`VendorLabels.add`), then the
+    network's; each adds to `labels` in place, no dict per group. Nothing reads the order:
+    publishers patch by key and `gpuscope labels` prints them sorted.
     """
     p = prefix
     net = _network_labels(snapshot, p, network)
