@@ -7,6 +7,7 @@ VENV         := .venv
 PY           := $(VENV)/bin/python
 BUILD        := build
 FAKENVML_LIB := $(BUILD)/fakenvml/libnvidia-ml.so.1
+FAKEAMDSMI_LIB := $(BUILD)/fakeamdsmi/lib/libamd_smi.so
 CC           ?= cc
 CFLAGS_FAKE  := -std=c11 -O2 -g -fPIC -Wall -Wextra -Wpedantic -Wshadow -Wconversion -Werror
 PYTEST_ARGS  ?=
@@ -14,10 +15,10 @@ PYTEST_ARGS  ?=
 LINT_PATHS   := agent exporters gpuscope/__init__.py gpuscope/__main__.py tests scripts \
                 scripts/gpu-check bench
 
-.PHONY: all deps venv fakenvml kernel demo test lint typecheck unit integration kernel-tests \
-        e2e deploy-tests image image-test oldest-nvml bench bench-fleet golden-update clean
+.PHONY: all deps venv fakenvml fakeamdsmi kernel demo test lint typecheck unit integration \
+        kernel-tests e2e deploy-tests image image-test oldest-nvml bench bench-fleet golden-update clean
 
-all: venv fakenvml
+all: venv fakenvml fakeamdsmi
 
 ## System packages (Debian): compiler, venv, promtool. Skips apt entirely when all are present.
 deps: $(BUILD)/.deps-stamp
@@ -41,6 +42,13 @@ $(FAKENVML_LIB): tests/doubles/fakenvml/fakenvml.c $(BUILD)/.deps-stamp
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_FAKE) -shared -Wl,-soname,libnvidia-ml.so.1 -o $@ $< -lm -lpthread
 
+## The fake AMD SMI library (ROCm's libamd_smi.so) that the real amdsmi bindings load from
+## $ROCM_PATH/lib: it exports only the symbols amdsmi_wrapper.py binds (hidden by default).
+fakeamdsmi: $(FAKEAMDSMI_LIB)
+$(FAKEAMDSMI_LIB): tests/doubles/fakeamdsmi/fakeamdsmi.c $(BUILD)/.deps-stamp
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_FAKE) -fvisibility=hidden -shared -Wl,-soname,libamd_smi.so -o $@ $< -lpthread
+
 ## Kernel side of the eBPF tests: tracefs mounted, header trees under build/kernel-headers.
 kernel: deps
 	@bash scripts/setup-kernel.sh $(BUILD)/kernel-headers
@@ -58,20 +66,20 @@ typecheck: venv
 ## The test tiers (tests/README.md). Without root, kernel-tests and e2e skip what needs it
 ## (GPUSCOPE_REQUIRE_ROOT=1 makes those skips failures, as in CI).
 ## unit: the quick tiers, no root: unit and deploy (about 20 s).
-unit: venv fakenvml
+unit: venv fakenvml fakeamdsmi
 	$(PY) -m pytest tests/unit tests/deploy $(PYTEST_ARGS)
 
 ## integration: the agent in process on the fake NVML (about 25 s; no root either).
-integration: venv fakenvml
+integration: venv fakenvml fakeamdsmi
 	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
 
-kernel-tests: venv fakenvml kernel
+kernel-tests: venv fakenvml fakeamdsmi kernel
 	$(PY) -m pytest tests/kernel $(PYTEST_ARGS)
 
-e2e: venv fakenvml kernel
+e2e: venv fakenvml fakeamdsmi kernel
 	$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
 
-deploy-tests: venv fakenvml
+deploy-tests: venv fakenvml fakeamdsmi
 	$(PY) -m pytest tests/deploy $(PYTEST_ARGS)
 
 ## The agent image (daemonset/Dockerfile), built with podman: no registry or container engine
@@ -83,19 +91,19 @@ image: deps venv
 
 ## The agent run from the image's file system, mounted as the DaemonSet mounts it, on the fake
 ## NVML and the kubelet double (tests/image; root: chroot, mounts).
-image-test: venv fakenvml kernel
+image-test: venv fakenvml fakeamdsmi kernel
 	GPUSCOPE_IMAGE=$(IMAGE) $(PY) -m pytest tests/image $(PYTEST_ARGS)
 
 ## Lint, types, the image and every tier (tests/image included), then the GPU collector again
 ## on the oldest supported bindings.
-test: lint typecheck fakenvml kernel image
+test: lint typecheck fakenvml fakeamdsmi kernel image
 	GPUSCOPE_IMAGE=$(IMAGE) $(PY) -m pytest $(PYTEST_ARGS)
 	@$(MAKE) --no-print-directory oldest-nvml
 
 ## The oldest nvidia-ml-py gpuscope supports (README "Supported versions"), in a second venv
 ## that has only it of its own and borrows the test venv's other packages through a .pth
 ## line; the in-process GPU collector tests run there, less those pinned to the current
-## bindings (golden files with NVML's NUMA node) and the fake's own tests.
+## bindings (golden files with NVML's NUMA node) and the fakes' own tests.
 NVML_OLDEST  := 12.535.77
 VENV_OLDEST  := $(BUILD)/venv-nvml-$(NVML_OLDEST)
 oldest-nvml: venv fakenvml
@@ -108,7 +116,8 @@ oldest-nvml: venv fakenvml
 	@$(VENV_OLDEST)/bin/python -c 'import pynvml, importlib.metadata as m; \
 		print("oldest-nvml: nvidia-ml-py", m.version("nvidia-ml-py"), "from", pynvml.__file__)'
 	$(VENV_OLDEST)/bin/python -m pytest -p no:cacheprovider tests/integration \
-		--ignore=tests/integration/test_fakenvml.py -m "not pinned_bindings" $(PYTEST_ARGS)
+		--ignore=tests/integration/test_fakenvml.py \
+		--ignore=tests/integration/test_fakeamdsmi.py -m "not pinned_bindings" $(PYTEST_ARGS)
 
 ## Regenerate every golden file (expositions, labels), docs/metrics.md, the README's flag
 ## table and the generated rules/dashboards manifests after an intended change; review the diff.
