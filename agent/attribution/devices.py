@@ -18,7 +18,8 @@ from gpuscope.agent.runtime.sources import Collection, Keyed
 
 @dataclass(frozen=True, slots=True)
 class Role:
-    """A stage's declared source that stands for every collector of a role."""
+    """A key by name alone: in a stage's declared sources, one that stands for every
+    collector of a role; in `devices`, a collector found by the type of its records."""
 
     name: str
     records: type[Any]
@@ -41,7 +42,11 @@ def devices(
     """The devices of the accelerator collectors that answered; None where none did (no
     device records at all, which is not the same as a node without devices)."""
     if keys is None:
-        keys = [_Named(n) for n, r in collection.results.items() if _accelerators(r.records)]
+        keys = [
+            Role(name, AcceleratorSnapshot)
+            for name, result in collection.results.items()
+            if isinstance(result.records, AcceleratorSnapshot)
+        ]
     snapshots = [s for key in keys if (s := collection.records(key)) is not None]
     if not snapshots:
         return None
@@ -49,13 +54,3 @@ def devices(
         readings=tuple(r for s in snapshots for r in s.gpus),
         processes_refused=frozenset().union(*(s.processes_refused for s in snapshots)),
     )
-
-
-def _accelerators(records: object) -> bool:
-    return isinstance(records, AcceleratorSnapshot)
-
-
-@dataclass(frozen=True, slots=True)
-class _Named:
-    name: str
-    records: type[Any] = AcceleratorSnapshot

@@ -78,13 +78,23 @@ class Device:
     compute_capability: str = ""  # "9.0"; "" where NVML does not say
     nvlink_count: int | None = None  # None until probed; 0 = no NVLink
 
-    def down(self, xid_errors: Mapping[int, int], **why: Any) -> GpuReading:
-        """A reading of this GPU that is not answering: its identity, its XIDs and `why`
-        (fenced_xid) in its NVIDIA extension, nothing read."""
-        extension = NvidiaReading(
-            compute_capability=self.compute_capability, xid_errors=dict(xid_errors), **why
-        )
-        return GpuReading(identity=self.identity, up=False, extension=extension)
+    def down(self, xid_errors: Mapping[int, int], fenced_xid: int | None = None) -> GpuReading:
+        """A reading of this GPU that is not answering (`down_reading`)."""
+        return down_reading(self.identity, self.compute_capability, xid_errors, fenced_xid)
+
+
+def down_reading(
+    identity: GpuIdentity,
+    compute_capability: str,
+    xid_errors: Mapping[int, int],
+    fenced_xid: int | None = None,
+) -> GpuReading:
+    """A GPU that is not answering: its identity, and in its NVIDIA extension its XIDs and
+    the fatal XID it was fenced after, if any; nothing read."""
+    extension = NvidiaReading(
+        compute_capability=compute_capability, fenced_xid=fenced_xid, xid_errors=dict(xid_errors)
+    )
+    return GpuReading(identity=identity, up=False, extension=extension)
 
 
 def discover(nvml: Nvml, index: int, sysfs: Path) -> Device:

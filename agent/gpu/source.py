@@ -162,7 +162,7 @@ class GpuSource:
         for device, xids, job in reads:
             got = job.wait(deadline_at) if isinstance(job, Job) else job
             if isinstance(got, Blocked):
-                got = _blocked_reading(device, got, xids)
+                got = _blocked_reading(device.down(xids, got.fenced_xid), got)
             readings.append(got)
         readings.extend(self._found(finds, deadline_at))
         readings.sort(key=lambda r: r.identity.index)
@@ -212,7 +212,8 @@ class GpuSource:
                 readings.append(reading)
                 added = True
             elif isinstance(got, Blocked):
-                readings.append(_blocked_reading(dev.Device(None, _unknown(index)), got, {}))
+                down = dev.down_reading(_unknown(index), "", {}, got.fenced_xid)
+                readings.append(_blocked_reading(down, got))
             else:
                 readings.append(GpuReading(identity=_unknown(index), up=False))
         if added:
@@ -264,8 +265,8 @@ class GpuSource:
         self.nvml.shutdown()
 
 
-def _blocked_reading(device: dev.Device, blocked: Blocked, xids: Mapping[int, int]) -> GpuReading:
-    down = device.down(xids, fenced_xid=blocked.fenced_xid)
+def _blocked_reading(down: GpuReading, blocked: Blocked) -> GpuReading:
+    """A GPU's down reading, saying how long and in which call it has been blocked."""
     return replace(down, stuck_seconds=blocked.stuck_seconds, stuck_call=blocked.function)
 
 

@@ -16,17 +16,14 @@ accumulates each GPU's energy at its current power.
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import fcntl
 import json
 import os
-import subprocess
-import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any
+
+from tests.doubles import fakelib
 
 REPO_ROOT: Path = Path(__file__).resolve().parents[3]
 ROCM_DIR: Path = REPO_ROOT / "build" / "fakeamdsmi"  # what ROCM_PATH points at
@@ -42,34 +39,10 @@ NA16 = 0xFFFF  # what the Python bindings show as "N/A" in activity and power_in
 TEMPERATURE_TYPES = ("edge", "junction", "vram", "hbm_0", "hbm_1", "hbm_2", "hbm_3")
 CLOCK_TYPES = ("gfx", "df", "dcef", "soc", "mem", "pcie", "vclk0", "vclk1", "dclk0", "dclk1")
 
-_build_lock = threading.Lock()
-
-
-def _is_built() -> bool:
-    return LIB_PATH.exists() and LIB_PATH.stat().st_mtime_ns >= SOURCE_PATH.stat().st_mtime_ns
-
 
 def ensure_built() -> Path:
     """Build the library with ``make -s fakeamdsmi`` if it is missing or stale; its path."""
-    with _build_lock:
-        if _is_built():
-            return LIB_PATH
-        LIB_PATH.parent.mkdir(parents=True, exist_ok=True)
-        with open(ROCM_DIR / ".build.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # concurrent pytest workers build once
-            if not _is_built():
-                proc = subprocess.run(
-                    ["make", "-s", "fakeamdsmi"],
-                    cwd=REPO_ROOT,
-                    capture_output=True,
-                    text=True,
-                    check=False,
-                )
-                if proc.returncode != 0:
-                    raise RuntimeError(
-                        f"building the fake AMD SMI failed:\n{proc.stdout}{proc.stderr}"
-                    )
-        return LIB_PATH
+    return fakelib.ensure_built("fakeamdsmi", LIB_PATH, SOURCE_PATH)
 
 
 def list_profiles() -> list[str]:
@@ -101,7 +74,7 @@ class FakeAmdSmi:
         self.state_path = Path(state_path)
         self._now_ns = round(now * 1e9)  # integer ns: timestamps differ exactly
         self._lock = threading.RLock()
-        self._last_mtime_ns = 0
+        self._state_file = fakelib.StateFile(self.state_path)
         self._gpus: list[dict[str, Any]] = []
         for index, g in enumerate(self.profile["gpus"]):
             temps = _temperatures(g.get("temperatures", {}))
@@ -238,28 +211,9 @@ class FakeAmdSmi:
             return {"version": STATE_VERSION, "processors": procs}
 
     def _write(self) -> None:
-        """Replace the state file atomically, with a strictly increasing mtime.
-
-        The library notices changes by (device, inode, size, mtime); file systems reuse
-        inodes and may have coarse timestamps, so the mtime is set explicitly.
-        """
+        """Replace the state file (`fakelib.StateFile`: atomically, the mtime increasing)."""
         with self._lock:
-            text = json.dumps(self.state(), indent=1)
-            self.state_path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(
-                dir=self.state_path.parent, prefix=f".{self.state_path.name}.", suffix=".tmp"
-            )
-            try:
-                with os.fdopen(fd, "w") as f:
-                    f.write(text)
-                mtime = max(time.time_ns(), self._last_mtime_ns + 1000)
-                os.utime(tmp, ns=(mtime, mtime))
-                self._last_mtime_ns = mtime
-                os.replace(tmp, self.state_path)
-            except BaseException:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
-                raise
+            self._state_file.write(json.dumps(self.state(), indent=1))
 
 
 def _percent(value: int) -> int:

@@ -16,17 +16,16 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import fcntl
 import json
 import os
-import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from tests.doubles import fakelib
 
 REPO_ROOT: Path = Path(__file__).resolve().parents[3]
 LIB_DIR: Path = REPO_ROOT / "build" / "fakenvml"
@@ -90,31 +89,9 @@ _build_lock = threading.Lock()
 _loaded_lib: ctypes.CDLL | None = None
 
 
-def _is_built() -> bool:
-    return LIB_PATH.exists() and LIB_PATH.stat().st_mtime_ns >= SOURCE_PATH.stat().st_mtime_ns
-
-
 def ensure_built() -> Path:
     """Build the library with ``make -s fakenvml`` if it is missing or stale; return its path."""
-    with _build_lock:
-        if _is_built():
-            return LIB_PATH
-        LIB_DIR.mkdir(parents=True, exist_ok=True)
-        with open(LIB_DIR / ".build.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # concurrent pytest workers build once
-            if not _is_built():
-                proc = subprocess.run(
-                    ["make", "-s", "fakenvml"],
-                    cwd=REPO_ROOT,
-                    capture_output=True,
-                    text=True,
-                    check=False,
-                )
-                if proc.returncode != 0:
-                    raise RuntimeError(
-                        f"building the fake NVML failed:\n{proc.stdout}{proc.stderr}"
-                    )
-        return LIB_PATH
+    return fakelib.ensure_built("fakenvml", LIB_PATH, SOURCE_PATH)
 
 
 def list_profiles() -> list[str]:
@@ -559,7 +536,7 @@ class FakeNvml:
         self._events: list[tuple[int, int, int, int, int]] = []  # seq, gpu, xid, gi, ci
         self._batch_depth = 0
         self._dirty = False
-        self._last_mtime_ns = 0
+        self._state_file = fakelib.StateFile(self.state_path)
         self._gpus: list[_Gpu] = []
         for i, g in enumerate(self.profile["gpus"]):
             gpu = _Gpu(attrs=_gpu_attrs(i, g))
@@ -744,28 +721,9 @@ class FakeNvml:
         yield "end"
 
     def _write(self) -> None:
-        """Replace the state file atomically, with a strictly increasing mtime.
-
-        The library notices changes by (device, inode, size, mtime); file systems
-        reuse inodes and may have coarse timestamps, so the mtime is set explicitly.
-        """
+        """Replace the state file (`fakelib.StateFile`: atomically, the mtime increasing)."""
         with self._lock:
-            text = self.state_text()
-            self.state_path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(
-                dir=self.state_path.parent, prefix=f".{self.state_path.name}.", suffix=".tmp"
-            )
-            try:
-                with os.fdopen(fd, "w") as f:
-                    f.write(text)
-                mtime = max(time.time_ns(), self._last_mtime_ns + 1000)
-                os.utime(tmp, ns=(mtime, mtime))
-                self._last_mtime_ns = mtime
-                os.replace(tmp, self.state_path)
-            except BaseException:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
-                raise
+            self._state_file.write(self.state_text())
             self._dirty = False
 
     # ---- queries ----------------------------------------------------------------
