@@ -11,7 +11,7 @@ integrates into seconds counters whose rate() is exact over any range, as for bu
 Everything goes through `Nvml.raw_call` with ctypes structs of our own (nvml.h's layouts),
 so bindings without the GPM wrappers or metric ids (nvidia-ml-py 12.535.77 has them, older
 ones may not) read as "not supported", never as an exception. A `GpmReader` belongs to one
-GPU and runs only on that GPU's gate worker (agent/gpu/gate.py), so a hung GPM call holds
+GPU and runs only on that GPU's gate worker (agent/accelerators/gate.py), so a hung GPM call holds
 that GPU alone; it returns plain `GpmWindow` records and never touches sampler state.
 
 A failed sample or metrics call keeps the older sample: the next success then covers the

@@ -87,13 +87,15 @@ def text(value: object) -> str:
 class Nvml:
     """An initialized NVML session. Thread-safe: NVML itself is, and our bookkeeping is locked."""
 
+    library = "NVML"  # its name in the gates' log lines (agent/accelerators/gate.py)
+
     def __init__(self) -> None:
         self._lib: Any = None
         self._lock = threading.Lock()
         self.errors: Counter[tuple[str, str]] = Counter()
         self._field_requests: dict[tuple[tuple[int, int], ...], Any] = {}
         # The NVML function each thread is in now, by thread id: a GPU's gate names the call
-        # its worker is blocked in (agent/gpu/gate.py). Two dict operations per call.
+        # its worker is blocked in (agent/accelerators/gate.py). Two dict operations per call.
         self._current: dict[int, str] = {}
 
     def current_call(self, thread_id: int) -> str | None:

@@ -98,7 +98,8 @@ class NvidiaReading:
     reading of an NVIDIA GPU the agent has discovered, up or down (its XIDs and fence
     outlive its answers).
 
-    `fenced_xid`: the agent stopped calling the GPU after that fatal XID (agent/gpu/gate.py).
+    `fenced_xid`: the agent stopped calling the GPU after that fatal XID
+    (agent/accelerators/gate.py).
     `mig_instances`: the MIG devices in NVML's terms (the contract's `partitions` are the
     same devices for attribution)."""
 

@@ -31,10 +31,10 @@ from functools import partial
 from types import MappingProxyType
 from typing import Any
 
+from gpuscope.agent.accelerators.gate import Blocked, GpuGates, Job
 from gpuscope.agent.clock import Clock
 from gpuscope.agent.gpu import fields
 from gpuscope.agent.gpu.device import NVML_TEMPERATURE_GPU, Device
-from gpuscope.agent.gpu.gate import Blocked, GpuGates, Job
 from gpuscope.agent.gpu.gpm import GpmReader, GpmScopeReading, GpmTick
 from gpuscope.agent.gpu.nvml import (
     FUNCTION_NOT_FOUND,
@@ -229,7 +229,8 @@ class _Caps:
 @dataclass(frozen=True, slots=True)
 class _Sample:
     """What one tick read from one GPU, in plain numbers: NVML work runs on the GPU's own
-    worker (agent/gpu/gate.py) and returns this; only the tick thread changes `_GpuState`."""
+    worker (agent/accelerators/gate.py) and returns this; only the tick thread changes
+    `_GpuState`."""
 
     caps: _Caps | None  # on the GPU's first tick
     samples: tuple[tuple[int, float], ...] | None  # None: no sample since the last tick

@@ -4,7 +4,7 @@ Lifecycle: `start` initializes NVML, discovers the GPUs and starts the sampler a
 threads; `read` (on every scrape) reads each GPU's current state and merges in what the
 threads accumulated. One lost GPU yields `up=False` for that GPU alone.
 
-Every per-GPU NVML call goes through that GPU's gate (agent/gpu/gate.py): the GPUs are read
+Every per-GPU NVML call goes through that GPU's gate (agent/accelerators/gate.py): the GPUs are read
 in parallel, each on its own worker thread, and `read` waits for them up to one read
 deadline (`GpuConfig.read_deadline`). A GPU whose call is blocked past it reads `up=False`
 with its stuck time while the others are fresh; a GPU fenced after a fatal XID reads
@@ -19,9 +19,9 @@ from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
+from gpuscope.agent.accelerators.gate import DEFAULT_DEADLINE, Blocked, GpuGates, Job
 from gpuscope.agent.clock import Clock, SystemClock
 from gpuscope.agent.gpu import device as dev
-from gpuscope.agent.gpu.gate import DEFAULT_DEADLINE, Blocked, GpuGates, Job
 from gpuscope.agent.gpu.nvml import GpuLost, Nvml, NvmlCallError, text
 from gpuscope.agent.gpu.processes import ProcessReader
 from gpuscope.agent.gpu.records import (

@@ -7,7 +7,7 @@ registration with the Fabric Manager moves NOT_STARTED -> IN_PROGRESS -> COMPLET
 complete after the agent started, and its health changes, so `read_fabric` is cheap (one
 call per GPU) and is read again on every labels round.
 
-Each GPU's part is read through `run` (its gate, agent/gpu/gate.py): a GPU that does not
+Each GPU's part is read through `run` (its gate, agent/accelerators/gate.py): a GPU that does not
 answer leaves out its own part, not everyone's."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any
 
+from gpuscope.agent.accelerators.gate import Blocked, RunOnGpu, direct
 from gpuscope.agent.gpu.device import Device, nvlink_count
-from gpuscope.agent.gpu.gate import Blocked, RunOnGpu, direct
 from gpuscope.agent.gpu.nvml import (
     ARGUMENT_VERSION_MISMATCH,
     FUNCTION_NOT_FOUND,

@@ -7,7 +7,7 @@ over any window is the number of XIDs in it.
 
 A few XIDs mean the driver can no longer be trusted to answer for that GPU (`FATAL_XIDS`):
 after one, the watcher tells its owner (`on_fatal`), which fences the GPU's gate
-(agent/gpu/gate.py) so that no call can block on it, as DCGM stops calling a GPU after
+(agent/accelerators/gate.py) so that no call can block on it, as DCGM stops calling a GPU after
 XID 119.
 """
 
@@ -23,10 +23,10 @@ from functools import partial
 from types import MappingProxyType
 from typing import Any
 
+from gpuscope.agent.accelerators.gate import Blocked, RunOnGpu, direct
 from gpuscope.agent.clock import Clock, SystemClock
 from gpuscope.agent.gpu import xid_catalog
 from gpuscope.agent.gpu.device import Device
-from gpuscope.agent.gpu.gate import Blocked, RunOnGpu, direct
 from gpuscope.agent.gpu.nvml import TIMEOUT, GpuLost, Nvml, NvmlCallError
 
 log = logging.getLogger("gpuscope.gpu.xid")

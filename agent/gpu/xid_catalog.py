@@ -7,8 +7,9 @@ called 92 and 140 critical, the alert did not. Now the rules and dashboards hold
 copy, and tests/deploy/test_deploy_assets.py fails when a copy differs from this file.
 
 Severities (NVIDIA's XID catalog, docs.nvidia.com/deploy/xid-errors, "resolution bucket"):
-- `fatal`: the driver's link to the GPU is gone; the agent stops calling it (agent/gpu/gate.py
-  fences it, as DCGM stops calling the driver after XID 119). Fatal XIDs are critical too.
+- `fatal`: the driver's link to the GPU is gone; the agent stops calling it
+  (agent/accelerators/gate.py fences it, as DCGM stops calling the driver after XID 119).
+  Fatal XIDs are critical too.
 - `critical`: the GPU needs attention (a reset, a drain, a replacement) before it runs more
   work: GPUXidCritical fires, `gpuscope.io/gpu.healthy` counts the GPU out.
 - `recovery`: XID 154, the driver states the recovery action it requires (GPU reset, node

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuscope.agent.gpu.gate import PROBE_FIRST, PROBE_MAX
+from gpuscope.agent.accelerators.gate import PROBE_FIRST, PROBE_MAX
 from gpuscope.agent.gpu.xid import FATAL_XIDS
 from gpuscope.exporters.prometheus.spec import GPU, Kind, MetricSpec
 

@@ -1,7 +1,7 @@
 """The per-GPU gate on plain work (no NVML): a unit past its deadline makes the GPU stuck,
 nothing is queued behind it, one thread per GPU ever, normal service once it returns; a
 fenced GPU runs nothing but probes on a doubling schedule of the agent's clock
-(agent/gpu/gate.py; over the fake NVML: tests/integration/test_gpu_hang.py and
+(agent/accelerators/gate.py; over the fake NVML: tests/integration/test_gpu_hang.py and
 test_gpu_fence.py)."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
+from gpuscope.agent.accelerators.gate import Blocked, Gate, GpuGates, Job
 from gpuscope.agent.app.config import ConfigError, parse
 from gpuscope.agent.clock import ManualClock
-from gpuscope.agent.gpu.gate import Blocked, Gate, GpuGates, Job
 from tests.support import wait_for
 
 SHORT = 0.2  # seconds: the deadline here (real time)
@@ -24,6 +24,8 @@ SHORT = 0.2  # seconds: the deadline here (real time)
 
 class CallNames:
     """Stands in for `Nvml.current_call`: the function a thread is "in"."""
+
+    library = "NVML"
 
     def __init__(self) -> None:
         self.calls: dict[int, str] = {}
@@ -44,7 +46,7 @@ def names() -> CallNames:
 
 @pytest.fixture
 def gate(clock: ManualClock, names: CallNames) -> Iterator[Gate]:
-    g = Gate(3, "GPU-3", names, clock)  # type: ignore[arg-type]
+    g = Gate(3, "GPU-3", names, clock)
     yield g
     g.close()
 
@@ -126,7 +128,7 @@ def test_one_gpu_hanging_never_makes_another_look_stuck(
     """A scrape meets GPU 0 busy with a sampler unit that is hanging, but not yet known to
     hang: it queues its own unit there and hands GPU 1's over at once, so GPU 1 answers
     within the scrape's deadline and only GPU 0 is stuck."""
-    gates = GpuGates(names, clock, deadline=SHORT)  # type: ignore[arg-type]
+    gates = GpuGates(names, clock, deadline=SHORT)
     release = threading.Event()
     try:
         sampler = gates.gate(0).begin(hang(names, release, "nvmlDeviceGetSamples"), 1e12)
@@ -151,7 +153,7 @@ def test_work_begun_on_the_gpus_own_worker_runs_inline(gate: Gate) -> None:
 
 
 def test_one_worker_thread_per_gpu_ever(clock: ManualClock, names: CallNames) -> None:
-    gates = GpuGates(names, clock, deadline=SHORT)  # type: ignore[arg-type]
+    gates = GpuGates(names, clock, deadline=SHORT)
     release = threading.Event()
     try:
         for index in range(4):

@@ -1,13 +1,15 @@
 """Per-GPU call gates: whatever one GPU's driver does, it holds one thread and its own
-readings, never the scrape, the sampler or the other GPUs.
+readings, never the scrape, the sampler or the other GPUs. Vendor-neutral: NVIDIA's source
+(agent/gpu) and AMD's (agent/amd) each keep one `GpuGates` per library session.
 
-NVML has no timeouts. A call into a GPU whose firmware stopped answering (XID 119, "GSP RPC
-timeout": the driver itself waits 45 s per RPC) blocks in the kernel, and a thread blocked
-there cannot be interrupted or abandoned cheaply. So every piece of per-GPU NVML work runs
-on that GPU's own worker thread (one per GPU, created on first use, never a second), one
-unit at a time (one more may wait in line: see `Gate`), and the caller waits for it up to a
-deadline; callers hand all GPUs their units first and then wait, so the GPUs are read in
-parallel and a collection takes the slowest GPU's time, not the sum:
+Neither NVML nor AMD SMI has timeouts. A call into a GPU whose firmware stopped answering
+(NVIDIA's XID 119, "GSP RPC timeout": the driver itself waits 45 s per RPC) blocks in the
+kernel, and a thread blocked there cannot be interrupted or abandoned cheaply. So every
+piece of per-GPU library work runs on that GPU's own worker thread (one per GPU, created on
+first use, never a second), one unit at a time (one more may wait in line: see `Gate`), and
+the caller waits for it up to a deadline; callers hand all GPUs their units first and then
+wait, so the GPUs are read in parallel and a collection takes the slowest GPU's time, not
+the sum:
 
 * done within the deadline: the caller gets the value (or the exception it raised);
 * not done: the GPU is *stuck* since the unit began. The caller gets `Blocked` and moves
@@ -35,9 +37,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
+from gpuscope.agent.accelerators.records import DeviceIdentity
 from gpuscope.agent.clock import Clock
-from gpuscope.agent.gpu.device import Device
-from gpuscope.agent.gpu.nvml import Nvml
 
 log = logging.getLogger("gpuscope.gpu")
 
@@ -49,12 +50,30 @@ PROBE_MAX = 300.0  # ... doubling up to this between probes
 CLOSE_WAIT = 2.0  # seconds `close` waits for a busy worker before leaving it behind
 
 
+class CallTracker(Protocol):
+    """The vendor library's wrapper, which knows which library function a thread is in."""
+
+    @property
+    def library(self) -> str:
+        """The library's name in log lines: "NVML", "AMD SMI"."""
+        ...
+
+    def current_call(self, thread_id: int) -> str | None: ...
+
+
+class HasIdentity(Protocol):
+    """A device as the gates know it: by its identity (index and UUID)."""
+
+    @property
+    def identity(self) -> DeviceIdentity: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Blocked:
     """Why a GPU's work did not run, or did not finish within the deadline."""
 
     stuck_seconds: float | None = None  # how long its outstanding call has run, if stuck
-    function: str = ""  # the NVML function that call is in, where known
+    function: str = ""  # the library function that call is in, where known
     fenced_xid: int | None = None  # the fatal XID after which the agent stopped calling it
 
 
@@ -107,12 +126,17 @@ class Gate:
     gets that long before its caller gives up on it."""
 
     def __init__(
-        self, index: int, uuid: str, nvml: Nvml, clock: Clock, deadline: float = DEFAULT_DEADLINE
+        self,
+        index: int,
+        uuid: str,
+        calls: CallTracker,
+        clock: Clock,
+        deadline: float = DEFAULT_DEADLINE,
     ) -> None:
         self.index = index
         self.uuid = uuid
         self.deadline = deadline
-        self._nvml = nvml
+        self._calls = calls
         self._clock = clock
         self._cond = threading.Condition()
         self._running: Job[Any] | None = None
@@ -184,10 +208,11 @@ class Gate:
                 self._queued = None  # not begun: it will not be (its caller gets Blocked)
                 self._cond.notify_all()
         log.warning(
-            "%s: XID %d is fatal: no more NVML calls to it, but a probe every %g s to %g s "
+            "%s: XID %d is fatal: no more %s calls to it, but a probe every %g s to %g s "
             "until it answers",
             self.name,
             xid,
+            self._calls.library,
             PROBE_FIRST,
             PROBE_MAX,
         )
@@ -238,7 +263,7 @@ class Gate:
         stuck = self._stuck
         function = ""
         if stuck and self._worker_id is not None:
-            function = self._nvml.current_call(self._worker_id) or ""
+            function = self._calls.current_call(self._worker_id) or ""
         return Blocked(
             stuck_seconds=max(0.0, self._clock.monotonic() - self._began_clock) if stuck else None,
             function=function,
@@ -251,11 +276,11 @@ class Gate:
         self._stuck = True
         self._queued = None  # nothing waits behind a stuck unit (its caller gets Blocked)
         self._cond.notify_all()
-        function = self._nvml.current_call(self._worker_id) if self._worker_id else None
+        function = self._calls.current_call(self._worker_id) if self._worker_id else None
         log.warning(
             "%s stuck in %s for %.1f s: reported down, and not called again, until it answers",
             self.name,
-            function or "(no NVML call)",
+            function or f"(no {self._calls.library} call)",
             time.monotonic() - self._began,
         )
 
@@ -319,21 +344,23 @@ class Gate:
 class RunOnGpu(Protocol):
     """Runs one unit of work for one GPU and waits for it: its value, or `Blocked`."""
 
-    def __call__(self, device: Device, fn: Callable[[], T], /) -> T | Blocked: ...
+    def __call__(self, device: HasIdentity, fn: Callable[[], T], /) -> T | Blocked: ...
 
 
-def direct(device: Device, fn: Callable[[], T], /) -> T | Blocked:
+def direct(device: HasIdentity, fn: Callable[[], T], /) -> T | Blocked:
     """A `RunOnGpu` with no gate: the work runs on the calling thread (the default for
     callers that bring no gates, e.g. scripts reading one GPU at a time)."""
     return fn()
 
 
 class GpuGates:
-    """The gates of one NVML session, one per GPU index (stable while the driver is
+    """The gates of one library session, one per GPU index (stable while the driver is
     loaded; a GPU not yet identified has its gate too)."""
 
-    def __init__(self, nvml: Nvml, clock: Clock, deadline: float = DEFAULT_DEADLINE) -> None:
-        self._nvml = nvml
+    def __init__(
+        self, calls: CallTracker, clock: Clock, deadline: float = DEFAULT_DEADLINE
+    ) -> None:
+        self._calls = calls
         self._clock = clock
         self.deadline = deadline
         self._lock = threading.Lock()
@@ -344,20 +371,20 @@ class GpuGates:
             gate = self._gates.get(index)
             if gate is None:
                 gate = self._gates[index] = Gate(
-                    index, uuid, self._nvml, self._clock, self.deadline
+                    index, uuid, self._calls, self._clock, self.deadline
                 )
             elif uuid and not gate.uuid:
                 gate.uuid = uuid
             return gate
 
-    def of(self, device: Device) -> Gate:
+    def of(self, device: HasIdentity) -> Gate:
         return self.gate(device.identity.index, device.identity.uuid)
 
     def deadline_at(self) -> float:
         """A deadline (time.monotonic()) for work begun now."""
         return time.monotonic() + self.deadline
 
-    def run(self, device: Device, fn: Callable[[], T], /) -> T | Blocked:
+    def run(self, device: HasIdentity, fn: Callable[[], T], /) -> T | Blocked:
         """A `RunOnGpu` through the device's gate, with a deadline of its own."""
         deadline_at = self.deadline_at()
         job = self.of(device).begin(fn, deadline_at)
