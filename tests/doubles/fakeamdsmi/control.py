@@ -85,15 +85,21 @@ def list_profiles() -> list[str]:
     return sorted(p.stem for p in PROFILES_DIR.glob("*.json"))
 
 
-def load_profile(name: str) -> dict[str, Any]:
-    """The profile ``name`` (on top of the one it ``extends``, if any) with its ``model``
-    merged into each GPU (GPU keys win)."""
+def _raw_profile(name: str) -> dict[str, Any]:
+    """A profile file on top of the one it ``extends``: its keys win, ``model`` is merged,
+    and ``gpus`` is inherited when it has none."""
     profile: dict[str, Any] = json.loads((PROFILES_DIR / f"{name}.json").read_text())
-    if "extends" in profile:
-        base = load_profile(profile.pop("extends"))
-        base.pop("gpus")
-        model = {**base.pop("model", {}), **profile.pop("model", {})}
-        profile = {**base, **profile, "model": model}
+    base_name = profile.pop("extends", None)
+    if base_name is None:
+        return profile
+    base = _raw_profile(base_name)
+    model = {**base.get("model", {}), **profile.get("model", {})}
+    return {**base, **profile, "model": model}
+
+
+def load_profile(name: str) -> dict[str, Any]:
+    """The profile ``name`` with its ``model`` merged into each GPU (GPU keys win)."""
+    profile = _raw_profile(name)
     model = profile.get("model", {})
     profile["gpus"] = [{**model, **gpu} for gpu in profile["gpus"]]
     return profile
@@ -145,11 +151,13 @@ class FakeAmdSmi:
         bdf = g["bdf"]
         if self.partitions > 1:  # the partition id in the BDF's function bits (CPX .0-.7)
             bdf = f"{bdf.rsplit('.', 1)[0]}.{xcp}"
-        uuids = g.get("uuids")
-        uuid = uuids[xcp] if uuids else g.get("uuid")
+        uuid = g.get("uuid")
+        if self.partitions > 1 and uuid and not self.profile.get("shared_partition_uuid"):
+            # ROCm 7: one UUID per partition (AMD's partition docs); derived from the GPU's.
+            uuid = f"{uuid[:9]}{xcp:x}{uuid[10:]}"
         links = int(g.get("xgmi_links", 0))
         return {
-            **{k: v for k, v in g.items() if k not in ("temperatures", "clocks", "uuids")},
+            **{k: v for k, v in g.items() if k not in ("temperatures", "clocks")},
             "socket": sock,
             "xcp": xcp,
             "bdf": bdf,
@@ -439,7 +447,7 @@ class FakeAmdSmi:
             return None if c is None else int(c["clk"])
 
         m: dict[str, Any] = {
-            "structure_size": 4544 if rev[1] >= 6 else 120,
+            "structure_size": {3: 264, 5: 1040}.get(rev[1], 4544),
             "format_revision": rev[0],
             "content_revision": rev[1],
             "temperature_edge": temps[0],
@@ -457,9 +465,9 @@ class FakeAmdSmi:
             "pcie_link_width": g.get("pcie_info", {}).get("pcie_width"),
             "pcie_link_speed": _tenths_gts(g.get("pcie_info", {}).get("pcie_speed")),
         }
-        if rev[1] < 6:  # MI200's v1.3: average power and clocks, no MI300 accumulators
+        if rev[1] < 4:  # MI200's v1.3: average power and clocks, no MI300 accumulators
             m.update(
-                average_socket_power=g.get("average_power_w", watts),
+                average_socket_power=watts if g.get("power_reading") == "average" else None,
                 current_gfxclk=clk("gfx"),
                 current_socclk=clk("soc"),
                 average_gfxclk_frequency=clk("gfx"),
@@ -485,6 +493,10 @@ class FakeAmdSmi:
             pcie_nak_rcvd_count_acc=g.get("pcie_info", {}).get("pcie_nak_received_count"),
             xgmi_read_data_acc=[round(link["read_kb"]) for link in xgmi],
             xgmi_write_data_acc=[round(link["write_kb"]) for link in xgmi],
+        )
+        if rev[1] < 6:  # v1.5 (ROCm 6.2's library): no violation or partition accumulators
+            return m
+        m.update(
             xgmi_link_status=[XGMI_LINK[link["status"]] for link in xgmi],
             accumulation_counter=g["ticks"],
             num_partition=len(procs),
@@ -542,6 +554,7 @@ class FakeAmdSmi:
             procs = []
             for index, g in enumerate(self._gpus):
                 watts = round(g["power_w"])
+                reading = g.get("power_reading", "current")
                 proc: dict[str, Any] = {
                     k: g[k]
                     for k in (
@@ -556,8 +569,11 @@ class FakeAmdSmi:
                     )
                     if k in g
                 }  # fmt: skip
-                proc["socket_power"] = watts
-                proc["current_socket_power"] = watts
+                # MI300 reports the current socket power, MI200 the average; MI250X's second
+                # GCD neither (N/A).
+                proc["socket_power"] = watts if reading != "none" else NA16
+                proc["current_socket_power"] = watts if reading == "current" else NA16
+                proc["average_socket_power"] = watts if reading == "average" else NA16
                 proc["energy_count"] = self.energy_counts(index)
                 proc["energy_timestamp_ns"] = self._now_ns
                 proc["temperatures"] = g["temps"]
