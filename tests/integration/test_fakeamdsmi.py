@@ -80,6 +80,7 @@ def wrapper_symbols() -> set[str]:
     return set(re.findall(r"_libraries\['libamd_smi\.so'\]\.([A-Za-z0-9_]+)", text))
 
 
+@pytest.mark.amdsmi_any_bindings
 def test_exports_exactly_what_the_wrapper_binds() -> None:
     nm = subprocess.run(
         ["nm", "-D", "--defined-only", str(ensure_built())],
@@ -93,9 +94,10 @@ def test_exports_exactly_what_the_wrapper_binds() -> None:
     # 7.0 dropped: amdsmi_get_power_info_v2.
     assert len(expected) in (184, 177)
     assert expected <= exported
-    assert exported - expected <= {"amdsmi_get_power_info_v2"} | (OLDEST_EXTRA - expected)
+    assert len(exported) == 184 + len(OLDEST_EXTRA)  # 7.0.2's and what only 6.4 binds
 
 
+@pytest.mark.amdsmi_any_bindings
 def test_real_bindings_import_and_load_the_fake(fake: FakeAmdSmi) -> None:
     got = run(fake, "out([amdsmi.__file__, w._libraries['libamd_smi.so']._name])")
     assert "site-packages" in got[0]
@@ -372,7 +374,6 @@ def fake_of(tmp_path: Path, profile: str) -> FakeAmdSmi:
     return FakeAmdSmi(profile, tmp_path / f"{profile}.json")
 
 
-@pytest.mark.amdsmi_any_bindings
 def test_mi300x_metrics_pcie_xgmi_ecc_and_identity(fake: FakeAmdSmi) -> None:
     fake.set_activity(0, 80, 40)
     fake.set_xgmi_link(0, 0, read_kbps=1000, write_kbps=500)
@@ -448,7 +449,6 @@ def test_mi300x_metrics_pcie_xgmi_ecc_and_identity(fake: FakeAmdSmi) -> None:
     assert got["vram"]["vram_size"] == 196608 and got["vram"]["vram_type"] == 4
 
 
-@pytest.mark.amdsmi_any_bindings
 def test_processes_count_then_fill_and_engine_ns(fake: FakeAmdSmi) -> None:
     fake.set_processes(
         1,
