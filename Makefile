@@ -16,7 +16,7 @@ LINT_PATHS   := agent exporters gpuscope/__init__.py gpuscope/__main__.py tests 
                 scripts/gpu-check bench
 
 .PHONY: all deps venv fakenvml fakeamdsmi kernel demo test lint typecheck unit integration \
-        kernel-tests e2e deploy-tests image image-test oldest-nvml bench bench-fleet golden-update clean
+        kernel-tests e2e deploy-tests image image-test oldest-nvml oldest-amdsmi bench bench-fleet golden-update clean
 
 all: venv fakenvml fakeamdsmi
 
@@ -99,6 +99,7 @@ image-test: venv fakenvml fakeamdsmi kernel
 test: lint typecheck fakenvml fakeamdsmi kernel image
 	GPUSCOPE_IMAGE=$(IMAGE) $(PY) -m pytest $(PYTEST_ARGS)
 	@$(MAKE) --no-print-directory oldest-nvml
+	@$(MAKE) --no-print-directory oldest-amdsmi
 
 ## The oldest nvidia-ml-py gpuscope supports (README "Supported versions"), in a second venv
 ## that has only it of its own and borrows the test venv's other packages through a .pth
@@ -118,6 +119,23 @@ oldest-nvml: venv fakenvml
 	$(VENV_OLDEST)/bin/python -m pytest -p no:cacheprovider tests/integration \
 		--ignore=tests/integration/test_fakenvml.py \
 		--ignore=tests/integration/test_fakeamdsmi.py -m "not pinned_bindings" $(PYTEST_ARGS)
+
+## The oldest amdsmi bindings whose interface has every call the fake models for MI300X
+## (tests/doubles/README.md, fakeamdsmi): a second venv as for oldest-nvml; the fake's own
+## tests marked amdsmi_any_bindings (those whose structs 6.4 and 7.0 lay out alike) run there.
+AMDSMI_OLDEST := 6.4.0
+VENV_AMDSMI   := $(BUILD)/venv-amdsmi-$(AMDSMI_OLDEST)
+oldest-amdsmi: venv fakeamdsmi
+	@test -x $(VENV_AMDSMI)/bin/python || $(PYTHON_SYS) -m venv --without-pip $(VENV_AMDSMI)
+	@$(PY) -m pip --python $(VENV_AMDSMI)/bin/python install -q --disable-pip-version-check \
+		--no-deps amdsmi==$(AMDSMI_OLDEST)
+	@$(VENV_AMDSMI)/bin/python -c 'import sys, sysconfig; open(sysconfig.get_paths()["purelib"] \
+		+ "/test-venv.pth", "w").write(sys.argv[1] + "\n")' "$$($(PY) -c \
+		'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+	@$(VENV_AMDSMI)/bin/python -c 'import importlib.metadata as m; \
+		print("oldest-amdsmi: amdsmi", m.version("amdsmi"))'
+	$(VENV_AMDSMI)/bin/python -m pytest -p no:cacheprovider tests/integration/test_fakeamdsmi.py \
+		-m amdsmi_any_bindings $(PYTEST_ARGS)
 
 ## Regenerate every golden file (expositions, labels), docs/metrics.md, the README's flag
 ## table and the generated rules/dashboards manifests after an intended change; review the diff.
