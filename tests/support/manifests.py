@@ -26,6 +26,7 @@ KUSTOMIZATIONS = (
     "overlays/dcgm-compat",
     "overlays/plain-prometheus-dcgm-compat",
     "overlays/servicemonitor",
+    "overlays/amd",
 )
 
 
