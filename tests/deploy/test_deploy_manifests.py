@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import os
 import re
 import subprocess
 import sys
@@ -37,7 +38,7 @@ from gpuscope.agent.k8s.collector import KUBELET
 from gpuscope.agent.net.collector import NET
 from gpuscope.agent.net.ebpf import TRACEFS_CANDIDATES
 from tests.support import REPO
-from tests.support.manifests import KUSTOMIZATIONS, container, daemonset, find, render
+from tests.support.manifests import KUSTOMIZATIONS, container, daemonset, find, kubectl, render
 
 DOCKERFILE = REPO / "daemonset" / "Dockerfile"
 DCGM_EXPORTER_PORT = 9400
@@ -321,6 +322,95 @@ def test_gpu_operator_overlay() -> None:
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     base = daemonset(render("base"))["spec"]["template"]["spec"]
     assert "runtimeClassName" not in base and "nodeSelector" not in base
+
+
+def _pod_spec(kustomization: str) -> dict[str, Any]:
+    return dict(daemonset(render(kustomization))["spec"]["template"]["spec"])
+
+
+def test_amd_overlay() -> None:
+    """AMD GPU nodes only, the node's ROCm read-only with ROCM_PATH naming it, AMD taints
+    tolerated, and nothing of the NVIDIA runtime (docs/amd.md)."""
+    docs = render("overlays/amd")
+    ds = daemonset(docs)
+    assert ds["metadata"]["name"] == "gpuscope-amd"
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"feature.node.kubernetes.io/amd-gpu": "true"}
+    assert "runtimeClassName" not in pod
+    keys = {t["key"] for t in pod["tolerations"]}
+    assert keys == {"amd-gpu-unhealthy", "feature.node.kubernetes.io/amd-gpu", "amd.com/gpu"}
+    assert all(
+        t["effect"] == "NoSchedule" and t["operator"] == "Exists" for t in pod["tolerations"]
+    )
+    c = container(docs)
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert not [name for name in env if name.startswith("NVIDIA_")], env
+    assert env["ROCM_PATH"] == "/host/opt/rocm"
+    assert host_path(docs, env["ROCM_PATH"]) == "/opt/rocm"
+    assert host_path(docs, f"{env['ROCM_PATH']}/lib/libamd_smi.so") == "/opt/rocm/lib/libamd_smi.so"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    (rocm,) = [m for m in c["volumeMounts"] if m["mountPath"] == "/host/opt/rocm"]
+    assert rocm["readOnly"] is True
+    assert volumes[rocm["name"]]["hostPath"] == {"path": "/opt/rocm", "type": "Directory"}
+    # Least privilege as in the base: no device nodes, no privilege (components/amd-device-access
+    # is the opt-in).
+    assert c["securityContext"] == container(render("base"))["securityContext"]
+    assert not [m for m in c["volumeMounts"] if m["mountPath"].startswith("/dev")]
+    # Everything else is the base's: the same objects besides the DaemonSet, the same agent.
+    base = render("base")
+    assert c["args"] == container(base)["args"]
+    others = [d for d in docs if d["kind"] != "DaemonSet"]
+    assert others == [d for d in base if d["kind"] != "DaemonSet"]
+
+
+def test_amd_and_gpu_operator_overlays_deploy_side_by_side() -> None:
+    """A mixed cluster applies both (docs/amd.md): two DaemonSets of different names on
+    disjoint node labels, and every other object identical, so neither apply undoes the
+    other's."""
+    nvidia, amd = render("overlays/gpu-operator"), render("overlays/amd")
+    assert daemonset(nvidia)["metadata"]["name"] != daemonset(amd)["metadata"]["name"]
+    assert set(_pod_spec("overlays/gpu-operator")["nodeSelector"]).isdisjoint(
+        _pod_spec("overlays/amd")["nodeSelector"]
+    )
+    others = {(d["kind"], d["metadata"]["name"]): d for d in nvidia if d["kind"] != "DaemonSet"}
+    for d in amd:
+        if d["kind"] != "DaemonSet":
+            assert others[(d["kind"], d["metadata"]["name"])] == d, d["metadata"]
+    # Both agents are scraped by the one PodMonitor (it selects on the shared pod label).
+    (monitor,) = find(amd, "PodMonitor")
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    for docs in (nvidia, amd):
+        labels = daemonset(docs)["spec"]["template"]["metadata"]["labels"]
+        assert selector.items() <= labels.items()
+
+
+def test_amd_device_access_component(tmp_path: Path) -> None:
+    """The opt-in: /dev/kfd and /dev/dri mounted and the container privileged (a hostPath
+    device node cannot be opened otherwise); nothing else changes."""
+    here = tmp_path / "overlay"
+    here.mkdir()
+    up = os.path.relpath(REPO / "daemonset", here)
+    (here / "kustomization.yaml").write_text(
+        f"resources: [{up}/overlays/amd]\ncomponents: [{up}/components/amd-device-access]\n"
+    )
+    proc = subprocess.run(
+        [kubectl(), "kustomize", str(here)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    pod = daemonset(docs)["spec"]["template"]["spec"]
+    volumes = {v["name"]: v["hostPath"] for v in pod["volumes"] if "hostPath" in v}
+    c = container(docs)
+    devices = {m["mountPath"]: volumes[m["name"]] for m in c["volumeMounts"]
+               if m["mountPath"].startswith("/dev")}  # fmt: skip
+    assert devices == {
+        "/dev/kfd": {"path": "/dev/kfd", "type": "CharDevice"},
+        "/dev/dri": {"path": "/dev/dri", "type": "Directory"},
+    }
+    assert c["securityContext"]["privileged"] is True
+    kubernetes_validate.validate(daemonset(docs), OLDEST_KUBERNETES, strict=True)
+    plain = container(render("overlays/amd"))
+    assert c["args"] == plain["args"] and c["env"] == plain["env"]
 
 
 def test_plain_prometheus_overlay(tmp_path: Path) -> None:

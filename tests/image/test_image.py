@@ -6,6 +6,7 @@ mounts. `make image` builds the image first; `make image-test` runs this module 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
 import urllib.error
@@ -16,6 +17,10 @@ from pathlib import Path
 import pytest
 
 from gpuscope import __version__
+from tests.doubles.fakeamdsmi.control import ROCM_DIR as FAKE_ROCM_DIR
+from tests.doubles.fakeamdsmi.control import STATE_ENV as AMD_STATE_ENV
+from tests.doubles.fakeamdsmi.control import FakeAmdSmi
+from tests.doubles.fakeamdsmi.control import ensure_built as ensure_fake_amdsmi
 from tests.doubles.fakenvml.control import STATE_ENV, FakeNvml
 from tests.doubles.kubelet_server import KubeletServer, container, devices, pod
 from tests.support.common import free_port
@@ -29,6 +34,8 @@ from tests.support.image import (
     inspect,
     require_image,
 )
+from tests.support.manifests import container as agent_container
+from tests.support.manifests import daemonset, render
 from tests.support.promtext import Exposition
 
 pytestmark = [
@@ -195,3 +202,87 @@ def test_the_agent_runs_from_the_image_as_the_daemonset_mounts_it(
         assert metrics.get("gpuscope_build_info", version=__version__) == 1.0
         assert f"kernel headers {FALLBACK_HEADERS}, from fallback" in log, log
         assert metrics.series("gpuscope_bpf_probe_info"), log
+
+
+# --- AMD nodes (issue #23; docs/amd.md): the amdsmi bindings the image carries, and ROCm's
+# libamd_smi.so from the node, where daemonset/overlays/amd mounts it ---------------------
+
+AMD_PROBE = """
+import ctypes, json, sys
+try:
+    import amdsmi
+except KeyError as exc:
+    print(json.dumps({"import": "KeyError", "args": list(exc.args)}))
+    sys.exit(0)
+from amdsmi import amdsmi_wrapper
+for name in ("libdrm.so.2", "libdrm_amdgpu.so.1"):  # what libamd_smi.so dlopen()s
+    ctypes.CDLL(name)
+amdsmi.amdsmi_init(amdsmi.AmdSmiInitFlags.INIT_AMD_GPUS)
+handles = amdsmi.amdsmi_get_processor_handles()
+print(json.dumps({"import": "ok", "lib": amdsmi_wrapper._libraries["libamd_smi.so"]._name,
+                  "gpus": len(handles)}))
+amdsmi.amdsmi_shut_down()
+"""
+
+
+def _amd_overlay_rocm() -> tuple[str, str]:
+    """ROCM_PATH and the ROCm volume's mount path in the rendered amd overlay."""
+    docs = render("overlays/amd")
+    c = agent_container(docs)
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    volumes = {v["name"]: v for v in daemonset(docs)["spec"]["template"]["spec"]["volumes"]}
+    (mount,) = [
+        m
+        for m in c["volumeMounts"]
+        if volumes[m["name"]].get("hostPath", {}).get("path") == "/opt/rocm"
+    ]
+    return env["ROCM_PATH"], mount["mountPath"]
+
+
+def _run_probe(
+    image_root: ImageRoot, mounts: list[Mount], env: dict[str, str], tmp_path: Path
+) -> dict[str, object]:
+    log_path = tmp_path / "probe.log"
+    proc = image_root.spawn(
+        mounts, ["python3", "-c", AMD_PROBE], env, daemonset_capabilities(), log_path
+    )
+    assert proc.wait(60) == 0, log_path.read_text()
+    lines = log_path.read_text().splitlines()
+    return dict(json.loads(lines[-1]), output=lines[:-1])
+
+
+def test_amdsmi_loads_the_library_where_the_amd_overlay_mounts_rocm(
+    image_root: ImageRoot, tmp_path: Path
+) -> None:
+    """The node's ROCm (here the fake libamd_smi.so's tree) at the overlay's mount path, and
+    the overlay's ROCM_PATH: the image's amdsmi loads it, its libdrm is there, and init works."""
+    rocm_path, mount_path = _amd_overlay_rocm()
+    assert rocm_path == mount_path
+    ensure_fake_amdsmi()
+    state_dir = tmp_path / "fakeamdsmi"
+    state_dir.mkdir()
+    fake = FakeAmdSmi("mi300x", state_dir / "state")
+    mounts = [
+        Mount(mount_path, str(FAKE_ROCM_DIR), True),
+        Mount("/run/fakeamdsmi", str(state_dir), True),
+    ]
+    env = {"ROCM_PATH": rocm_path, AMD_STATE_ENV: "/run/fakeamdsmi/state"}
+    got = _run_probe(image_root, mounts, env, tmp_path)
+    assert got["import"] == "ok", got
+    assert got["lib"] == f"{mount_path}/lib/libamd_smi.so", got
+    assert got["gpus"] == len(fake.profile["gpus"]), got
+
+
+def test_amdsmi_without_the_library_fails_at_import_with_key_error(
+    image_root: ImageRoot, tmp_path: Path
+) -> None:
+    """A node without ROCm (or an NVIDIA node): importing amdsmi prints the loader's error and
+    a hint on stdout, then raises KeyError('libamd_smi.so'), not ImportError. The collector
+    must catch that (and keep the two lines out of a JSON log)."""
+    rocm_path, _ = _amd_overlay_rocm()
+    got = _run_probe(image_root, [], {"ROCM_PATH": rocm_path}, tmp_path)
+    assert got["import"] == "KeyError" and got["args"] == ["libamd_smi.so"], got
+    assert got["output"] == [
+        f"{rocm_path}/lib/libamd_smi.so: cannot open shared object file: No such file or directory",
+        "Unable to find libamd_smi.so library try installing amd-smi-lib from your package manager",
+    ], got

@@ -26,6 +26,7 @@ KUSTOMIZATIONS = (
     "overlays/dcgm-compat",
     "overlays/plain-prometheus-dcgm-compat",
     "overlays/servicemonitor",
+    "overlays/amd",
 )
 
 
@@ -64,7 +65,8 @@ def find(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> list
 
 
 def daemonset(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    (ds,) = find(docs, "DaemonSet", "gpuscope")
+    """The one DaemonSet (gpuscope; gpuscope-amd in overlays/amd)."""
+    (ds,) = find(docs, "DaemonSet")
     return ds
 
 
