@@ -61,8 +61,19 @@ class Holdings:
         if gpu is None:
             return ()
         index = {r.identity.uuid: r.identity.index for r in gpu.readings if r.identity.uuid}
-        migs = {p.uuid: r.identity.uuid for r in gpu.readings for p in r.partitions}
-        match = match_gpus(kubelet.pods, self._resources, gpu_uuids=index, mig_uuids=migs)
+        # Every id of a partition (its UUID, and the names device plugins give it) -> its GPU.
+        migs = {
+            i: r.identity.uuid for r in gpu.readings for p in r.partitions for i in (p.uuid, *p.ids)
+        }
+        # A whole GPU by its PCI address (AMD's device plugin names GPUs so).
+        aliases = {
+            r.identity.pci_bus_id: r.identity.uuid
+            for r in gpu.readings
+            if r.identity.pci_bus_id and r.identity.uuid
+        }
+        match = match_gpus(
+            kubelet.pods, self._resources, gpu_uuids=index, mig_uuids=migs, aliases=aliases
+        )
         allocations = [(a.uuid, a.namespace, a.pod, a.container) for a in match.allocations]
         # Every id a device plugin may give a partition -> its UUID.
         mig_names = {i: p.uuid for r in gpu.readings for p in r.partitions for i in p.ids}

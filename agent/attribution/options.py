@@ -29,8 +29,9 @@ def _ratio(v: float) -> str | None:
 class AttributionOptions:
     gpu_resource_names: tuple[str, ...] = flag(
         DEFAULT_GPU_RESOURCES,
-        "comma-separated extended resources that are GPUs, besides nvidia.com/mig-* (add "
-        "renamed shared resources such as nvidia.com/gpu.shared)",
+        "comma-separated extended resources that are GPUs, besides nvidia.com/mig-* and AMD's "
+        "partition resources such as amd.com/cpx_nps4 (add renamed shared resources such as "
+        "nvidia.com/gpu.shared)",
         parse=_resources,
     )
     # gpuscope_workload_gpu_low_activity_seconds_total (agent/attribution/activity.py).

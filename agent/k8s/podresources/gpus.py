@@ -9,6 +9,11 @@ is pure string work, kept apart from the client so every id shape is tested as a
 An id that names no GPU of this node is not an allocation, but it is not noise either: the
 kubelet's checkpoint may be stale, or the plugin may be configured with index ids. Such
 devices come back in `GpuMatch.unmatched` for the caller to log or count.
+
+AMD's device plugin (ROCm/k8s-device-plugin) advertises a GPU by its PCI address
+(`0000:05:00.0`) and the partitions of a compute-partitioned GPU beyond the first as
+`amdgpu_xcp_<N>`; under its "mixed" naming strategy each partition mode is a resource of its
+own (`amd.com/cpx_nps4`). The caller passes those ids as GPU `aliases` and partition ids.
 """
 
 from __future__ import annotations
@@ -19,8 +24,10 @@ from dataclasses import dataclass
 
 from gpuscope.agent.k8s.podresources.records import Device, PodDevices
 
-DEFAULT_GPU_RESOURCES: tuple[str, ...] = ("nvidia.com/gpu",)
+DEFAULT_GPU_RESOURCES: tuple[str, ...] = ("nvidia.com/gpu", "amd.com/gpu")
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"  # nvidia.com/mig-1g.10gb, ... (the "mixed" strategy)
+# AMD's partition resources under the plugin's "mixed" strategy: amd.com/cpx_nps4, ...
+AMD_PARTITION_RESOURCE = re.compile(r"amd\.com/(?:spx|dpx|tpx|qpx|cpx)_nps\d+")
 _REPLICA_SEPARATOR = "::"
 
 _UUID = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
@@ -69,9 +76,12 @@ def gpu_allocations(
     *,
     gpu_uuids: Collection[str],
     mig_uuids: Mapping[str, str],
+    aliases: Mapping[str, str] | None = None,
 ) -> tuple[GpuAllocation, ...]:
     """The GPU allocations of `pods`; see `match_gpus`, which also returns what did not match."""
-    return match_gpus(pods, resource_names, gpu_uuids=gpu_uuids, mig_uuids=mig_uuids).allocations
+    return match_gpus(
+        pods, resource_names, gpu_uuids=gpu_uuids, mig_uuids=mig_uuids, aliases=aliases
+    ).allocations
 
 
 def match_gpus(
@@ -80,18 +90,23 @@ def match_gpus(
     *,
     gpu_uuids: Collection[str],
     mig_uuids: Mapping[str, str],
+    aliases: Mapping[str, str] | None = None,
 ) -> GpuMatch:
     """Match every device of every container against this node's GPUs.
 
     Device-plugin devices count when their resource is in `resource_names` or is a MIG
     resource (`nvidia.com/mig-*`); add renamed resources such as `nvidia.com/gpu.shared` to
     `resource_names`. DRA devices count whatever their driver, when their id contains a GPU
-    or MIG UUID. `gpu_uuids` are the node's GPUs and `mig_uuids` maps each MIG instance's
-    UUID to its GPU's. A container listing the same device twice yields one allocation; a
-    GPU shared by several containers yields one allocation per container.
+    or MIG UUID. `gpu_uuids` are the node's GPUs and `mig_uuids` maps each partition's ids
+    (a MIG instance's UUID; an AMD partition's UUID, PCI address or `amdgpu_xcp_<N>`) to its
+    GPU's UUID; `aliases` maps other ids of whole GPUs (AMD's PCI addresses) to their UUID.
+    AMD's partition resources (`amd.com/cpx_nps4`) count as MIG resources do. A container
+    listing the same device twice yields one allocation; a GPU shared by several containers
+    yields one allocation per container.
     """
     wanted = frozenset(resource_names)
     gpus = frozenset(gpu_uuids)
+    alias = aliases or {}
     allocations: dict[GpuAllocation, None] = {}  # ordered and deduplicated
     unmatched: list[UnmatchedDevice] = []
     for pod in pods:
@@ -101,13 +116,15 @@ def match_gpus(
                     found = _UUID_IN_TEXT.search(device.device_id)
                     if found is None:
                         continue  # not a GPU, or one that names no UUID: nothing to match
-                    target = _resolve(found.group(0), gpus, mig_uuids)
+                    target = _resolve(found.group(0), gpus, mig_uuids, alias)
                     replica = None
-                elif device.resource_name in wanted or device.resource_name.startswith(
-                    MIG_RESOURCE_PREFIX
+                elif (
+                    device.resource_name in wanted
+                    or device.resource_name.startswith(MIG_RESOURCE_PREFIX)
+                    or AMD_PARTITION_RESOURCE.fullmatch(device.resource_name)
                 ):
                     device_id, replica = _split_replica(device.device_id)
-                    target = _resolve(device_id, gpus, mig_uuids)
+                    target = _resolve(device_id, gpus, mig_uuids, alias)
                 else:
                     continue
                 if target is None:
@@ -137,14 +154,21 @@ def _split_replica(device_id: str) -> tuple[str, int | None]:
 
 
 def _resolve(
-    device_id: str, gpus: frozenset[str], mig_uuids: Mapping[str, str]
+    device_id: str,
+    gpus: frozenset[str],
+    mig_uuids: Mapping[str, str],
+    aliases: Mapping[str, str] | None = None,
 ) -> tuple[str, str | None] | None:
-    """(GPU UUID, MIG UUID or None) for a GPU or MIG id of this node, else None."""
+    """(GPU UUID, partition id or None) for a GPU or partition id of this node, else None.
+    A partition's id wins over a GPU alias: a partitioned AMD GPU's PCI address names its
+    first partition."""
     if device_id in gpus:
         return device_id, None
     parent = mig_uuids.get(device_id)
     if parent is not None:
         return parent, device_id
+    if aliases and device_id in aliases:
+        return aliases[device_id], None
     if device_id.startswith("MIG-GPU-"):
         # Pre-R470 MIG UUIDs carry their parent: MIG-GPU-<uuid>/<gi>/<ci>.
         parent = device_id[len("MIG-") :].split("/", 1)[0]
