@@ -57,6 +57,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "gpuscope.agent.accelerators",
             "gpuscope.agent.gpu",
+            "gpuscope.agent.amd",
             "gpuscope.agent.net",
             "gpuscope.agent.k8s",
         ),

@@ -10,8 +10,17 @@ from pathlib import Path
 
 import pytest
 
+from tests.doubles.fakeamdsmi.control import FakeAmdSmi
 from tests.doubles.fakenvml.control import FakeNvml, ensure_built
-from tests.support import AgentProcess, InProcess, require_root, spawn_agent, start_inprocess
+from tests.support import (
+    AgentProcess,
+    AmdInProcess,
+    InProcess,
+    require_root,
+    spawn_agent,
+    start_amd_inprocess,
+    start_inprocess,
+)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -35,6 +44,32 @@ def inprocess(fake_lib: Path, tmp_path: Path) -> Iterator[Callable[..., InProces
         profile: str, *args: str, setup: Callable[[FakeNvml], None] | None = None
     ) -> InProcess:
         handle = start_inprocess(tmp_path, profile, *args, setup=setup)
+        started.append(handle)
+        return handle
+
+    yield start
+    for handle in started:
+        handle.agent.stop()
+
+
+@pytest.fixture
+def amd_inprocess(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[..., AmdInProcess]]:
+    """`amd_inprocess(profile, *agent_args, setup=None)`: see support.start_amd_inprocess.
+    The fake's variables are set for the test only."""
+    from tests.doubles.fakeamdsmi import control
+
+    control.ensure_built()
+    for name in ("ROCM_PATH", "ROCM_HOME", control.STATE_ENV):
+        # Recorded, so teardown restores what was there (or nothing) whatever a start sets.
+        monkeypatch.setenv(name, "")
+    started: list[AmdInProcess] = []
+
+    def start(
+        profile: str, *args: str, setup: Callable[[FakeAmdSmi], None] | None = None
+    ) -> AmdInProcess:
+        handle = start_amd_inprocess(tmp_path, profile, *args, setup=setup)
         started.append(handle)
         return handle
 

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from gpuscope.agent.accelerators.records import AnyAccelerators
+from gpuscope.agent.amd.collector import AMD
 from gpuscope.agent.gpu.collector import GPU
 from gpuscope.agent.k8s.collector import KUBELET, PODS
 from gpuscope.agent.k8s.dra_collector import DRA
@@ -18,7 +19,7 @@ from gpuscope.agent.net.collector import NET, NIC, RDMA
 from gpuscope.agent.runtime.accelerators import ACCELERATOR
 from gpuscope.agent.runtime.spec import CollectorSpec
 
-COLLECTORS: tuple[CollectorSpec[Any, Any], ...] = (GPU, NET, NIC, RDMA, KUBELET, PODS, DRA)
+COLLECTORS: tuple[CollectorSpec[Any, Any], ...] = (GPU, AMD, NET, NIC, RDMA, KUBELET, PODS, DRA)
 
 BY_NAME: dict[str, CollectorSpec[Any, Any]] = {c.name: c for c in COLLECTORS}
 DEFAULT_COLLECTORS: tuple[str, ...] = tuple(c.name for c in COLLECTORS if c.default)

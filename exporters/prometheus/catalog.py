@@ -128,10 +128,13 @@ class Catalog:
     order: Mapping[str, int] = field(init=False)
 
     def __post_init__(self) -> None:
+        # A family several vendors' collectors render (gpuscope_gpu_info, ...) is declared
+        # once and listed by each: the same declaration counts once, at its first place.
+        object.__setattr__(self, "metrics", tuple(dict.fromkeys(self.metrics)))
         by_name = {m.name: m for m in self.metrics}
         if len(by_name) != len(self.metrics):
             twice = [name for name, n in Counter(m.name for m in self.metrics).items() if n > 1]
-            raise ValueError(f"metrics declared twice: {', '.join(twice)}")
+            raise ValueError(f"metrics declared twice, differently: {', '.join(twice)}")
         object.__setattr__(self, "by_name", by_name)
         object.__setattr__(self, "order", {m.name: i for i, m in enumerate(self.metrics)})
 

@@ -155,7 +155,8 @@ GPU_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "gpuscope_gpu_info",
         "gauge",
-        "Always 1; labels describe the GPU. Join on uuid for model, bus id, NUMA node, driver.",
+        "Always 1; labels describe the GPU. Join on uuid for vendor, model, bus id, NUMA node, "
+        "driver.",
         (
             "gpu",
             "uuid",
@@ -168,17 +169,20 @@ GPU_METRICS: tuple[MetricSpec, ...] = (
             "driver_version",
             "cuda_driver_version",
             "mig_mode",
+            "vendor",
         ),
         "gpu",
-        "Every GPU, up or not. `mig_mode` is empty where MIG is not supported.",
+        "Every GPU, up or not. `vendor` is nvidia or amd. `mig_mode` is empty where MIG is not "
+        "supported, and on AMD GPUs; there `compute_capability` is the gfx target (gfx942), "
+        "what ROCm builds code for, and `cuda_driver_version` is empty.",
     ),
     MetricSpec(
         "gpuscope_gpu_up",
         "gauge",
-        "1 if the GPU answers NVML, 0 if it is lost (fell off the bus, XID 79) or needs a "
-        "reset, is stuck in a call (gpuscope_gpu_stuck_seconds) or is fenced after a fatal XID "
-        "(gpuscope_gpu_fenced). A GPU that is down keeps its info, up, XID and the series "
-        "below, and nothing else.",
+        "1 if the GPU answers its library (NVML, AMD SMI), 0 if it is lost (fell off the "
+        "bus, XID 79) or needs a reset, is stuck in a call (gpuscope_gpu_stuck_seconds) or "
+        "is fenced after a fatal XID (gpuscope_gpu_fenced). A GPU that is down keeps its "
+        "info, up, XID (NVIDIA) or event (AMD) and the series below, and nothing else.",
         GPU,
         "gpu",
         "Every GPU.",
@@ -186,10 +190,10 @@ GPU_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "gpuscope_gpu_stuck_seconds",
         "gauge",
-        "How long the agent's outstanding NVML call to this GPU has been blocked, once it "
-        "has run past --gpu-read-deadline; 0 while the GPU answers. A stuck GPU reads up 0 "
-        "and gets no new call until the blocked one returns (one thread per GPU, never "
-        "more); the other GPUs are read as ever.",
+        "How long the agent's outstanding library call to this GPU has been blocked, once "
+        "it has run past --gpu-read-deadline (AMD: --amd-read-deadline); 0 while the GPU "
+        "answers. A stuck GPU reads up 0 and gets no new call until the blocked one returns "
+        "(one thread per GPU, never more); the other GPUs are read as ever.",
         GPU,
         "gpu",
         "While the GPU is stuck; every GPU (0 when it answers) at full detail.",
@@ -198,10 +202,10 @@ GPU_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "gpuscope_gpu_stuck_call_info",
         "gauge",
-        "Always 1; names the NVML function the stuck GPU's call is blocked in.",
+        "Always 1; names the library function (NVML, AMD SMI) the stuck GPU's call is blocked in.",
         (*GPU, "function"),
         "gpu",
-        "While the GPU is stuck inside an NVML call.",
+        "While the GPU is stuck inside a library call.",
     ),
     MetricSpec(
         "gpuscope_gpu_fenced",
@@ -229,7 +233,8 @@ GPU_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "gpuscope_gpu_utilization_ratio",
         "gauge",
-        "Share of the last NVML sample period in which a kernel ran on the GPU (0-1).",
+        "Share of the last sample period in which a kernel ran on the GPU (0-1): NVML's "
+        "utilization; AMD SMI's gfx activity.",
         GPU,
         "gpu",
         "Not on MIG-enabled GPUs (NVML does not report it there).",
@@ -237,7 +242,8 @@ GPU_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "gpuscope_gpu_memory_utilization_ratio",
         "gauge",
-        "Share of the last NVML sample period in which device memory was read or written (0-1).",
+        "Share of the last sample period in which device memory was read or written (0-1): "
+        "NVML's memory utilization; AMD SMI's UMC (memory controller) activity.",
         GPU,
         "gpu",
         "Not on MIG-enabled GPUs.",
@@ -246,7 +252,8 @@ GPU_METRICS: tuple[MetricSpec, ...] = (
         "gpuscope_gpu_busy_seconds_total",
         "counter",
         "Integral of GPU utilization over time: rate() of it is the true average utilization "
-        "over any window, whatever the scrape interval.",
+        "over any window, whatever the scrape interval. AMD MI300 and later: from the "
+        "firmware's own activity accumulator (exact, not sampled).",
         GPU,
         "gpu",
         "Starts at 0 when the agent starts. Not on MIG-enabled GPUs.",
@@ -313,15 +320,19 @@ GPU_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "gpuscope_gpu_temperature_celsius",
         "gauge",
-        "Temperature by sensor (gpu = core, memory = HBM).",
+        "Temperature by sensor (gpu = core: NVIDIA's die sensor, AMD's junction; memory = "
+        "HBM; AMD also edge and hbm0-hbm3 where the part has them).",
         (*GPU, "sensor"),
         "gpu",
-        'sensor="memory" only where the GPU reports it (HBM parts).',
+        'sensor="memory" only where the GPU reports it (HBM parts). AMD: gpu, memory and '
+        "edge at the default level, the per-stack hbm0-hbm3 at full detail.",
+        at_default="some",
     ),
     MetricSpec(
         "gpuscope_gpu_clock_hertz",
         "gauge",
-        "Current clock frequency by clock domain (graphics, sm, memory).",
+        "Current clock frequency by clock domain (graphics, sm, memory; AMD: sm is the gfx "
+        "clock of the compute units, plus soc, fabric, video, decode).",
         (*GPU, "clock"),
         "gpu",
         'clock="sm" and "memory" (DCGM\'s default clocks); graphics too at full detail.',
@@ -339,7 +350,10 @@ GPU_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "gpuscope_gpu_throttle_reasons",
         "gauge",
-        "1 if the reason currently holds clocks down (nvmlDeviceGetCurrentClocksEventReasons).",
+        "1 if the reason currently holds clocks down (NVIDIA: "
+        "nvmlDeviceGetCurrentClocksEventReasons; AMD: throttled at any firmware sample of the "
+        "last tick, from the residency accumulators: prochot, power, socket_thermal, "
+        "vr_thermal, hbm_thermal).",
         (*GPU, "reason"),
         "gpu",
         "The reasons that hold the clocks down now (1), idle excepted; at full detail every "
@@ -487,8 +501,9 @@ GPU_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "gpuscope_gpu_processes_refused",
         "gauge",
-        "1 when NVML refused to list the GPU's processes: in MIG mode the driver lists them "
-        "only to a caller with CAP_SYS_ADMIN, which the DaemonSet does not grant "
+        "1 when the library refused to list the GPU's processes: NVML in MIG mode lists "
+        "them only to a caller with CAP_SYS_ADMIN, which the DaemonSet does not grant; AMD "
+        "SMI answers NO_PERM where the agent may not read them "
         "(docs/deploy.md). Per-pod GPU memory and unallocated memory are then missing for "
         "this GPU, not zero.",
         GPU,
@@ -498,7 +513,8 @@ GPU_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "gpuscope_gpu_ecc_errors_total",
         "counter",
-        "Volatile ECC errors (since the last driver load) by type (corrected, uncorrected).",
+        "Volatile ECC errors (since the last driver load) by type (corrected, uncorrected; "
+        "AMD also deferred).",
         (*GPU, "type"),
         "gpu",
         "GPUs with ECC enabled.",

@@ -75,8 +75,23 @@ def render_markdown(catalog: Catalog, collectors: Sequence[CollectorDoc]) -> str
         "dashboards and alerts apply. Read from the agent's own `/proc/self`.\n",
         catalog.of_source("process"),
     )
+    documented: dict[str, str] = {}  # metric -> the collector whose section lists it
     for c in collectors:
         intro = f"## Collector `{c.name}`\n\n{c.summary}\n"
+        if c.metrics is not None:
+            shared = [m.name for m in c.metrics if m.name in documented]
+            if shared:
+                owners = sorted({documented[name] for name in shared})
+                names = ", ".join(f"`{name}`" for name in shared)
+                sections = ", ".join(f"`{owner}`" for owner in owners)
+                intro += (
+                    f"\nAlso, under the same names and with the same meaning (documented with "
+                    f"{sections} above): {names}.\n"
+                )
+            own = tuple(m for m in c.metrics if m.name not in documented)
+            for m in own:
+                documented[m.name] = c.name
+            c = CollectorDoc(c.name, c.summary, own)
         if c.metrics is None:
             lines.append(intro)
             lines.append(

@@ -103,6 +103,7 @@ def _render_info(
             snapshot.driver_version,
             node(snapshot).cuda_driver_version,
             x.mig_mode or "",
+            snapshot.vendor,
         ),
         1,
     )

@@ -5,9 +5,11 @@ conftest.py files."""
 
 from tests.support.agents import (
     AgentProcess,
+    AmdInProcess,
     InProcess,
     sim_node_args,
     spawn_agent,
+    start_amd_inprocess,
     start_inprocess,
 )
 from tests.support.common import (
@@ -30,11 +32,13 @@ __all__ = [
     "REQUIRE_ROOT_ENV",
     "T0",
     "AgentProcess",
+    "AmdInProcess",
     "InProcess",
     "free_port",
     "require_root",
     "sim_node_args",
     "spawn_agent",
+    "start_amd_inprocess",
     "start_inprocess",
     "wait_for",
 ]

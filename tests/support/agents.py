@@ -15,10 +15,12 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import generate_latest
 
+from gpuscope.agent.amd.source import AmdSource
 from gpuscope.agent.app.agent import Agent
 from gpuscope.agent.app.config import parse
 from gpuscope.agent.clock import ManualClock
 from gpuscope.agent.gpu.source import GpuSource
+from tests.doubles.fakeamdsmi.control import FakeAmdSmi
 from tests.doubles.fakenvml.control import FakeNvml
 from tests.support.common import GPUSCOPE, HEADERS, REPO, T0, free_port
 from tests.support.promtext import Exposition
@@ -74,6 +76,62 @@ def start_inprocess(
     config = parse([*base, *args], env={})
     agent = Agent(config, clock=clock, background=False)
     handle = InProcess(fake=fake, clock=clock, agent=agent)
+    agent.start()
+    return handle
+
+
+@dataclass
+class AmdInProcess:
+    """An agent in this process reading AMD GPUs: the real `amdsmi` bindings over the fake
+    libamd_smi.so, time moved by hand. The bindings load the library once per process, at
+    import, from $ROCM_PATH; every in-process AMD agent points it at the same fake library,
+    and the fake reads the state file $FAKEAMDSMI_STATE names at each amdsmi_init, so each
+    test has its own node."""
+
+    fake: FakeAmdSmi
+    clock: ManualClock
+    agent: Agent
+
+    @property
+    def amd(self) -> AmdSource:
+        source = self.agent.source("amd")
+        assert isinstance(source, AmdSource)
+        return source
+
+    def advance(self, seconds: float, *, step: float = 1.0) -> None:
+        """Move the fake's time and the agent's clock together, ticking the sampler and
+        draining the events per step."""
+        assert self.amd.sampler is not None
+        remaining = seconds
+        while remaining > 1e-9:
+            dt = min(step, remaining)
+            self.fake.advance(dt)
+            self.clock.advance(dt)
+            self.amd.sampler.tick()
+            if self.amd.events is not None:
+                self.amd.events.poll()
+            remaining -= dt
+
+    def scrape(self) -> Exposition:
+        return Exposition(generate_latest(self.agent.registry).decode())
+
+    def scrape_text(self) -> str:
+        return generate_latest(self.agent.registry).decode()
+
+
+def start_amd_inprocess(
+    workdir: Path, profile: str, *args: str, setup: Callable[[FakeAmdSmi], None] | None = None
+) -> AmdInProcess:
+    """A started agent with the `amd` collector on fake AMD SMI `profile`; the caller sets
+    the environment from `fake.env()` first (`amd_inprocess` fixture) and stops `agent`."""
+    fake = FakeAmdSmi(profile, workdir / f"{profile}.amd-state", now=T0)
+    if setup is not None:
+        setup(fake)
+    os.environ.update(fake.env())
+    clock = ManualClock(T0)
+    base = ["--listen", "127.0.0.1:0", "--collectors", "amd", "--collection-max-age", "0"]
+    agent = Agent(parse([*base, *args], env={}), clock=clock, background=False)
+    handle = AmdInProcess(fake=fake, clock=clock, agent=agent)
     agent.start()
     return handle
 

@@ -26,7 +26,7 @@ def test_defaults() -> None:
     c = parse([], env={"NODE_NAME": "gpu-node-7"})
     assert c.agent.listen == ("", 19400)  # not 9400: dcgm-exporter's (README, "Its own port")
     assert c.of(GPU).sample_interval == 1.0
-    assert c.collectors == ("gpu", "net", "nic", "rdma", "kubelet", "pods")
+    assert c.collectors == ("gpu", "amd", "net", "nic", "rdma", "kubelet", "pods")
     assert c.agent.node_name == "gpu-node-7"
     assert (c.agent.log_format, c.agent.log_level) == ("text", "info")
     assert (c.agent.procfs, c.agent.sysfs) == (Path("/proc"), Path("/sys"))
@@ -64,7 +64,7 @@ def test_environment_variables_and_flags_override_them() -> None:
         (
             ["--collectors", "gpu,dcgm"],
             "--collectors: unknown collector 'dcgm' "
-            "(available: gpu, net, nic, rdma, kubelet, pods, dra)",
+            "(available: gpu, amd, net, nic, rdma, kubelet, pods, dra)",
         ),
         (["--log-format", "xml"], "--log-format: expected json or text, got 'xml'"),
         (["--nvlink-per-link", "maybe"], "--nvlink-per-link: expected true or false, got 'maybe'"),

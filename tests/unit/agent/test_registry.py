@@ -18,8 +18,9 @@ from gpuscope.agent.app.config import (
     parse,
 )
 from gpuscope.agent.app.exposition import catalog
-from gpuscope.agent.app.registry import COLLECTORS, DEFAULT_COLLECTORS
+from gpuscope.agent.app.registry import BY_NAME, COLLECTORS, DEFAULT_COLLECTORS, accelerators
 from gpuscope.agent.clock import ManualClock
+from gpuscope.agent.runtime.accelerators import ACCELERATOR
 from gpuscope.agent.runtime.options import ConfigError
 from gpuscope.exporters.prometheus.render import renderer_of
 
@@ -54,7 +55,17 @@ def test_each_collector_renders_only_metrics_it_declares(collector) -> None:  # 
         return  # kubelet, pods: rendered by the attribution stage
     assert renderer.collector is collector
     assert renderer.metrics, collector.name
-    assert {m.source for m in renderer.metrics} == {collector.name}
+    own = {m for m in renderer.metrics if m.source == collector.name}
+    assert own, collector.name
+    # An accelerator collector also renders the families every vendor shares, declared
+    # once by another accelerator collector (same declaration, same meaning).
+    shared = set(renderer.metrics) - own
+    if shared:
+        assert collector.role == ACCELERATOR, collector.name
+        others = {c.name: renderer_of(c) for c in accelerators(BY_NAME) if c is not collector}
+        for m in shared:
+            declarer = others.get(m.source)
+            assert declarer is not None and m in declarer.metrics, (collector.name, m.name)
     assert set(renderer.metrics) <= set(catalog().metrics)
 
 

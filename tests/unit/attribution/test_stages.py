@@ -6,10 +6,11 @@ whole. docs/architecture.md's table of the stages is read off the declarations."
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from gpuscope.agent.amd.records import AmdGpuReading, AmdGpus, AmdReading
 from gpuscope.agent.app.registry import COLLECTORS, accelerators
 from gpuscope.agent.attribution.devices import ACCELERATORS
 from gpuscope.agent.attribution.records import Attribution
@@ -134,7 +135,23 @@ def collections(tmp_path: Path, clock: ManualClock) -> Iterator[Collection]:
     full = gpu_collection(idle=20.0, pods=[train, web], processes=procs, at=clock.time())
     yield Collection({k: v for k, v in full.results.items() if k != "kubelet"}, clock.time())
     yield Collection({k: v for k, v in full.results.items() if k != "gpu"}, clock.time())
+    yield amd_instead(full)  # the same node with an AMD GPU: the stages read it alike
     yield Collection({}, clock.time())
+
+
+def amd_instead(collection: Collection) -> Collection:
+    """`collection` with its NVIDIA GPU read by the `amd` collector instead."""
+    results = dict(collection.results)
+    gpu = results.pop("gpu")
+    snapshot = gpu.records
+    readings = tuple(
+        AmdGpuReading(replace(r.identity, vendor="amd"), r.up, AmdReading(socket=0),
+               busy_seconds=r.busy_seconds, idle_seconds=r.idle_seconds, processes=r.processes)
+        for r in snapshot.gpus
+    )  # fmt: skip
+    amd = AmdGpus(vendor="amd", driver_version="6.10.5", library_version="26.1.0", gpus=readings)
+    results["amd"] = replace(gpu, name="amd", records=amd)
+    return Collection(results, collection.collected_at)
 
 
 def test_each_stage_reads_and_adds_what_it_declares_no_more(tmp_path: Path) -> None:

@@ -83,6 +83,7 @@ def test_names_follow_the_unit_conventions() -> None:
                 "_fenced",
                 "_threads",
                 "_links",
+                "_pages",
             )
         ), f"{m.name}: no base unit and not a state/info metric"
 

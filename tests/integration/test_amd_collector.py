@@ -1,0 +1,125 @@
+"""The `amd` collector on a fake AMD node: the real `amdsmi` bindings over the fake
+libamd_smi.so (tests/doubles/fakeamdsmi), the agent in this process on a manual clock.
+
+What a platform team relies on: the same metric names as on NVIDIA nodes, values in base
+units, counters that grow, nothing made up where the library has no answer, and a node
+without ROCm that says so once and serves everything else."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import Counter
+
+import pytest
+
+from gpuscope.agent.app.agent import Agent
+from gpuscope.agent.app.config import parse
+from gpuscope.agent.clock import ManualClock
+from tests.support.promtext import Exposition
+
+GIB = 1 << 30
+
+
+def per_gpu_series(text: str) -> Counter[str]:
+    """Series per GPU UUID in an exposition."""
+    counts: Counter[str] = Counter()
+    for line in text.splitlines():
+        found = re.search(r'[{,]uuid="([^"]*)"', line)
+        if found and not line.startswith("#"):
+            counts[found.group(1)] += 1
+    return counts
+
+
+def test_an_mi300x_node_reads_as_eight_amd_gpus_under_the_shared_names(amd_inprocess) -> None:
+    h = amd_inprocess("mi300x")
+    m = h.scrape()
+    info = m.rows("gpuscope_gpu_info")
+    assert len(info) == 8
+    assert {labels["vendor"] for labels, _ in info} == {"amd"}
+    assert {labels["model"] for labels, _ in info} == {"AMD Instinct MI300X"}
+    assert {labels["architecture"] for labels, _ in info} == {"cdna3"}
+    assert {labels["compute_capability"] for labels, _ in info} == {"gfx942"}
+    totals = m.series("gpuscope_gpu_memory_total_bytes")
+    assert set(totals.values()) == {192 * GIB}
+    assert set(m.series("gpuscope_gpu_up").values()) == {1.0}
+    assert m.value("gpuscope_collector_success", collector="amd") == 1.0
+    # What NVIDIA alone has is absent on AMD GPUs, not 0.
+    for nvidia_only in ("gpuscope_gpu_xid_errors_total", "gpuscope_gpu_nvlink_links"):
+        assert nvidia_only not in m.names()
+
+
+def test_busy_seconds_and_energy_grow_with_the_work(amd_inprocess) -> None:
+    h = amd_inprocess("mi300x")
+    uuid = h.fake.gpu(0)["uuid"]
+    before = h.scrape()
+    h.fake.set_activity(0, 75, umc=40)
+    h.fake.set_power(0, 600.0)
+    h.advance(10)
+    after = h.scrape()
+    busy = after.value("gpuscope_gpu_busy_seconds_total", uuid=uuid) - before.value(
+        "gpuscope_gpu_busy_seconds_total", uuid=uuid
+    )
+    assert busy == pytest.approx(7.5)
+    energy = after.value("gpuscope_gpu_energy_joules_total", uuid=uuid) - before.value(
+        "gpuscope_gpu_energy_joules_total", uuid=uuid
+    )
+    assert energy == pytest.approx(10 * 600.0, rel=1e-3)
+    assert after.value("gpuscope_gpu_utilization_ratio", uuid=uuid) == pytest.approx(0.75)
+    assert after.value("gpuscope_gpu_memory_utilization_ratio", uuid=uuid) == pytest.approx(0.4)
+    assert after.value("gpuscope_gpu_power_watts", uuid=uuid) == 600.0
+    idle_uuid = h.fake.gpu(1)["uuid"]
+    assert after.value("gpuscope_gpu_busy_seconds_total", uuid=idle_uuid) == 0.0
+
+
+def test_units_are_base_units(amd_inprocess) -> None:
+    h = amd_inprocess("mi300x")
+    uuid = h.fake.gpu(0)["uuid"]
+    m = h.scrape()
+    clocks = m.by_label("gpuscope_gpu_clock_hertz", "clock", uuid=uuid)
+    assert clocks == {"sm": 132e6, "memory": 900e6}  # MHz -> Hz; the default clocks only
+    temps = m.by_label("gpuscope_gpu_temperature_celsius", "sensor", uuid=uuid)
+    assert temps["gpu"] == 42.0 and temps["memory"] == 38.0 and "edge" not in temps
+    assert m.value("gpuscope_gpu_memory_used_bytes", uuid=uuid) == 283 * (1 << 20)
+
+
+def test_a_sensor_the_gpu_lacks_is_absent_not_zero(amd_inprocess) -> None:
+    h = amd_inprocess("mi300x", setup=lambda fake: fake.set_temperature(0, "junction", None))
+    uuid = h.fake.gpu(0)["uuid"]
+    temps = h.scrape().by_label("gpuscope_gpu_temperature_celsius", "sensor", uuid=uuid)
+    assert "gpu" not in temps and temps["memory"] == 38.0
+
+
+def test_the_default_level_serves_at_most_40_series_per_gpu(amd_inprocess) -> None:
+    h = amd_inprocess("mi300x")
+    h.advance(3)
+    counts = per_gpu_series(h.scrape_text())
+    assert len(counts) == 8
+    assert max(counts.values()) <= 40, counts
+    full = amd_inprocess("mi300x", "--metrics-detail", "full")
+    full.advance(3)
+    assert max(per_gpu_series(full.scrape_text()).values()) > max(counts.values())
+
+
+def test_a_host_without_rocm_reports_amd_absent_in_one_line(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    for name in ("ROCM_PATH", "ROCM_HOME", "LD_LIBRARY_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ROCM_PATH", str(tmp_path / "no-rocm"))
+    config = parse(["--listen", "127.0.0.1:0", "--collectors", "amd"], env={})
+    agent = Agent(config, clock=ManualClock(1.7e9), background=False)
+    caplog.set_level(logging.INFO)
+    agent.start()
+    try:
+        from prometheus_client import generate_latest
+
+        m = Exposition(generate_latest(agent.registry).decode())
+        m2 = Exposition(generate_latest(agent.registry).decode())
+    finally:
+        agent.stop()
+    assert m.value("gpuscope_collector_success", collector="amd") == 0.0
+    assert m2.value("gpuscope_collector_success", collector="amd") == 0.0
+    assert "gpuscope_gpu_info" not in m.names()
+    lines = [r.getMessage() for r in caplog.records if "libamd_smi.so not found" in r.getMessage()]
+    assert len(lines) == 1, lines
