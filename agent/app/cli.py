@@ -134,9 +134,13 @@ def start_labels(config: Config, agent: Agent) -> LabelsLoop | None:
     enabled = accelerators(config.collectors)
     if publish is None or not enabled:
         return None
-    source = agent.source(enabled[0].name)  # a stand-in for a missing dependency: no watch
-    watch = source if isinstance(source, DeviceWatch) else None
-    loop = LabelsLoop(config, agent.runner, watch, publish)
+    # A stand-in for a missing dependency is no watch.
+    watches = {
+        spec.name: source
+        for spec in enabled
+        if isinstance(source := agent.source(spec.name), DeviceWatch)
+    }
+    loop = LabelsLoop(config, agent.runner, watches, publish)
     loop.start()
     return loop
 

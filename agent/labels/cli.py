@@ -45,6 +45,7 @@ def read_accelerators(config: Config) -> AnyAccelerators | None:
     its declaration as the agent builds it (so the collector's options, --gpu-read-deadline
     and GPUSCOPE_* variables, apply here too); None when none could read, each reason said."""
     found: AnyAccelerators | None = None
+    unreadable: list[str] = []
     for spec in accelerators(config.collectors):
         ctx = BuildContext(config.agent, config.of(spec), SystemClock(), background=False)
         source = spec.build(ctx)
@@ -52,11 +53,13 @@ def read_accelerators(config: Config) -> AnyAccelerators | None:
             source.start()
             found = source.read()
         except SourceUnavailable as exc:
-            print(f"gpuscope labels: no GPUs readable: {exc}", file=sys.stderr)
+            unreadable.append(str(exc))
         finally:
             source.stop()
         if found is not None and found.gpus:
-            break
+            return found  # one vendor's GPUs: the others' absence is no news
+    for why in unreadable:
+        print(f"gpuscope labels: no GPUs readable: {why}", file=sys.stderr)
     return found
 
 

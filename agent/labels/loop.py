@@ -26,7 +26,8 @@ from gpuscope.agent.clock import Clock, SystemClock
 from gpuscope.agent.labels.hold import AbsenceClock, Decision, Reading, classify, decide
 from gpuscope.agent.net.placement import network_placement
 from gpuscope.agent.runtime.accelerators import DeviceWatch
-from gpuscope.agent.runtime.sources import SourceRunner
+from gpuscope.agent.runtime.sources import Collection, SourceRunner
+from gpuscope.agent.runtime.spec import CollectorSpec
 from gpuscope.exporters.labels.gpu import gpu_labels, topology_annotation
 from gpuscope.exporters.labels.publish import (
     NodeFeaturePublisher,
@@ -105,8 +106,10 @@ def make_publisher(config: Config) -> Publisher | None:
 
 class LabelsLoop:
     """The labels thread. It labels the devices of the first enabled accelerator collector
-    (agent/app/registry.py, `accelerators`), watched through `devices`, its source's
-    `DeviceWatch`. `publish` writes a label set; `recall` (by default the publisher's own,
+    (agent/app/registry.py, `accelerators`) that finds any, or else the first that is not
+    absent (an NVIDIA node's `gpu`, an AMD node's `amd`: one vendor per node), watched
+    through `devices`, its source's `DeviceWatch` (one watch: the first collector's; or
+    one per collector name). `publish` writes a label set; `recall` (by default the publisher's own,
     see `Publisher`) reads back the last one after a restart; `clock` times the absence
     grace."""
 
@@ -114,7 +117,7 @@ class LabelsLoop:
         self,
         config: Config,
         runner: SourceRunner,
-        devices: DeviceWatch | None,
+        devices: DeviceWatch | Mapping[str, DeviceWatch] | None,
         publish: Publish,
         *,
         recall: Recall | None = None,
@@ -125,8 +128,12 @@ class LabelsLoop:
         enabled = accelerators(config.collectors)
         if not enabled:
             raise ValueError("node labels need an accelerator collector in --collectors")
-        self._accelerator = enabled[0]
-        self._devices = devices  # the accelerator source's watch; None: nothing to watch
+        self._enabled = enabled
+        self._accelerator = enabled[0]  # the one labelled: chosen again each round
+        if devices is None or isinstance(devices, Mapping):
+            self._watches: Mapping[str, DeviceWatch] = dict(devices or {})
+        else:
+            self._watches = {enabled[0].name: devices}
         self._publish = publish
         if recall is None and isinstance(publish, Publisher):
             recall = publish.recall
@@ -154,8 +161,9 @@ class LabelsLoop:
 
     def run_once(self) -> None:
         self._refresh_topology()
-        key = self._accelerator
-        collection = self._runner.collect(only=(key.name,))  # the labels need nothing else
+        # The accelerator collectors only: the labels need nothing else.
+        collection = self._runner.collect(only=tuple(k.name for k in self._enabled))
+        key = self._accelerator = self._choose(collection)
         result = collection.result(key)
         snap = collection.records(key)
         reading = classify(result)
@@ -251,6 +259,21 @@ class LabelsLoop:
         elif self._holding and not decision.holding and not decision.withdrawn:
             log.info("GPUs readable again: node labels follow them")
         self._holding = decision.holding
+
+    def _choose(self, collection: Collection) -> CollectorSpec[AnyAccelerators, Any]:
+        """The collector to label from: the first that found devices, else the first that
+        is not confirmed absent (its fault is this node's), else the first."""
+        found = [k for k in self._enabled if (s := collection.records(k)) is not None and s.gpus]
+        if found:
+            return found[0]
+        present = [
+            k for k in self._enabled if (r := collection.result(k)) is not None and not r.absent
+        ]
+        return present[0] if present else self._enabled[0]
+
+    @property
+    def _devices(self) -> DeviceWatch | None:
+        return self._watches.get(self._accelerator.name)
 
     def _refresh_topology(self) -> None:
         """The GPUs' fabric registration can complete (or degrade) after start: read it

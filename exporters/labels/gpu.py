@@ -4,7 +4,9 @@ What a scheduler can select on: presence and count, product (with per-model coun
 mixed nodes instead of a value that flaps between models), memory in MiB as an integer so
 `Gt`/`Lt` node affinity works, the driver version, NUMA span, and how many GPUs are healthy
 enough to place work on; the vendor adds what only it knows (`VendorLabels`; NVIDIA's in
-exporters/labels/nvidia.py: family and compute capability, CUDA version, MIG, NVLink). On a
+exporters/labels/nvidia.py: family and compute capability, CUDA version, MIG, NVLink;
+AMD's in exporters/labels/amd.py: family and gfx target, partitions, XGMI), under the
+same keys where the meaning is the same (gpu.family, gpu.interconnect). On a
 mixed node every numeric capability is the minimum across GPUs: a pod that requires
 `gpu.memory Gt 40000` must fit on whichever GPU it gets.
 """
@@ -20,7 +22,7 @@ from typing import Any, Protocol
 from gpuscope.agent.accelerators.records import AnyAccelerators, AnyReading
 from gpuscope.agent.bounded import HASH_LENGTH
 from gpuscope.agent.net.placement import NetworkPlacement
-from gpuscope.exporters.labels import nvidia
+from gpuscope.exporters.labels import amd, nvidia
 from gpuscope.exporters.labels.validation import validate
 from gpuscope.exporters.labels.values import MAX_LENGTH, label_value, version
 
@@ -48,7 +50,7 @@ class VendorLabels(Protocol):
 
 
 # By the snapshot's `vendor`.
-VENDOR_LABELS: Mapping[str, VendorLabels] = {"nvidia": nvidia.LABELS}
+VENDOR_LABELS: Mapping[str, VendorLabels] = {"nvidia": nvidia.LABELS, "amd": amd.LABELS}
 
 
 def vendor_labels(snapshot: AnyAccelerators) -> VendorLabels | None:
@@ -81,6 +83,7 @@ def gpu_labels(
     vendor = vendor_labels(snapshot)
     labels: dict[str, str] = {
         f"{p}gpu.present": "true",
+        f"{p}gpu.vendor": label_value(snapshot.vendor),
         f"{p}gpu.count": str(len(gpus)),
         f"{p}gpu.healthy": str(sum(1 for g in gpus if healthy(g, vendor))),
     }

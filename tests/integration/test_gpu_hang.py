@@ -1,6 +1,6 @@
 """A hung or slow GPU is confined to that GPU: the scrape answers with the other GPUs'
 fresh readings and the hung one as down with its stuck time, one thread per GPU whatever
-happens, and normal service once the blocked call returns (agent/gpu/gate.py).
+happens, and normal service once the blocked call returns (agent/accelerators/gate.py).
 
 The fake NVML holds a GPU's calls in the kernel-like way a GSP timeout does (`hang_call`:
 blocked until released, no lock held) or slows them (`set_call_latency`). The agent's

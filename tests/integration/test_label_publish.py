@@ -153,11 +153,11 @@ def messages(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
 
 @pytest.fixture
 def published(node: Node, api) -> dict[str, str]:
-    """The 19 labels a working DGX H100 agent published, before any fault."""
+    """The 20 labels a working DGX H100 agent published, before any fault."""
     server, _ = api
     node.restart().run_once()
     labels = ours(server)
-    assert len(labels) == 19 and labels[f"{P}gpu.healthy"] == "8"
+    assert len(labels) == 20 and labels[f"{P}gpu.healthy"] == "8"
     return labels
 
 
@@ -174,7 +174,7 @@ def test_restart_without_driver_keeps_the_labels_with_healthy_0(
     assert ours(server) == {**published, f"{P}gpu.healthy": "0"}
     assert labels_of(server)["kubernetes.io/hostname"] == "gpu-node-1"  # foreign: untouched
     assert annotations_of(server)[f"{P}topology"] == topology
-    (held,) = messages(caplog, "holding the 19 node labels")
+    (held,) = messages(caplog, "holding the 20 node labels")
     assert "driver is not loaded" in held and "after 600 s" in held
     assert refused(server) == []
 
@@ -311,7 +311,7 @@ def test_an_invalid_label_is_dropped_and_the_rest_land(
         node.fake.lose_gpu(4)
         loop.run_once()
     labels = ours(server)
-    assert len(labels) == 18  # every valid one; gpu.product was the invalid value
+    assert len(labels) == 19  # every valid one; gpu.product was the invalid value
     assert f"{P}gpu.product" not in labels and f"{P}gpu.healthy" in labels
     assert labels[f"{P}gpu.healthy"] == "7"  # and later rounds still publish
     assert refused(server) == []  # no 422: the API never saw them

@@ -205,3 +205,36 @@ def test_pcie_only_node_matrix_uses_pcie_levels(inprocess) -> None:
     doc = json.loads(topology_annotation(snapshot(inprocess("pcie-l40s"))))
     assert doc["gpu_gpu"][0] == ["x", "node", "sys", "sys"]
     assert "gpu_nic" not in doc
+
+
+@pytest.mark.parametrize(
+    ("profile", "expected"),
+    [
+        ("mi300x", {"gpu.count": "8", "gpu.interconnect": "xgmi", "gpu.family": "cdna3",
+                    "gpu.memory": "196608", "gpu.partition.compute": "spx"}),
+        ("mi300x-cpx", {"gpu.count": "8", "gpu.interconnect": "xgmi",
+                        "gpu.partition.compute": "cpx", "gpu.partition.memory": "nps4"}),
+        ("mi250x", {"gpu.count": "8", "gpu.family": "cdna2", "gpu.memory": "65536"}),
+    ],
+)  # fmt: skip
+def test_gpuscope_labels_on_an_amd_node(
+    tmp_path: Path, profile: str, expected: dict[str, str]
+) -> None:
+    """The same keys as on NVIDIA nodes: a scheduler selects on gpu.vendor, gpu.memory and
+    gpu.interconnect whichever vendor's GPUs a node has."""
+    from tests.doubles.fakeamdsmi.control import FakeAmdSmi
+
+    fake = FakeAmdSmi(profile, tmp_path / "state", now=1_767_225_600.0)
+    env = os.environ | fake.env() | {"LD_LIBRARY_PATH": "/nonexistent"}
+    env.pop("FAKENVML_STATE", None)
+    result = subprocess.run(
+        [*GPUSCOPE, "labels", "--output", "json", "--sysfs", str(tmp_path)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    labels = {k.removeprefix("gpuscope.io/"): v for k, v in doc["labels"].items()}
+    assert labels["gpu.present"] == "true" and labels["gpu.vendor"] == "amd"
+    assert {k: labels.get(k) for k in expected} == expected
+    topology = json.loads(doc["annotations"]["gpuscope.io/topology"])
+    assert len(topology["gpus"]) == 8
