@@ -261,16 +261,17 @@ def read(
     events: Mapping[str, int],
     processes: Sequence[DeviceProcess],
 ) -> AmdGpu:
-    """Everything about one GPU now. A GPU whose activity call fails (anything but "not
-    supported") is down; any other call that fails leaves its series out."""
+    """Everything about one GPU now. A GPU whose memory usage cannot be read is down (the
+    one reading every part and release answers, a guest's included, from the driver's
+    sysfs); any other call that fails leaves its series out."""
     h = device.primary
     try:
-        activity = lib.call("amdsmi_get_gpu_activity", h)
+        vram = lib.call("amdsmi_get_gpu_vram_usage", h)
     except AmdSmiCallError as exc:
         log.debug("%s: %s", device.identity.pci_bus_id, exc)
         return down_reading(device, events)
+    activity = lib.query("amdsmi_get_gpu_activity", h) or {}
     gfx, umc = number(activity.get("gfx_activity")), number(activity.get("umc_activity"))
-    vram = lib.query("amdsmi_get_gpu_vram_usage", h) or {}
     power = lib.query("amdsmi_get_power_info", h) or {}
     pcie = lib.query("amdsmi_get_pcie_info", h) or {}
     metric, static = pcie.get("pcie_metric", {}), pcie.get("pcie_static", {})

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from gpuscope.agent.accelerators.records import AcceleratorSnapshot
+from gpuscope.agent.amd.device import FAMILIES as AMD_FAMILIES
 from gpuscope.agent.pci import LEVELS
 from gpuscope.exporters.labels.gpu import NetworkPlacement, gpu_labels
 from gpuscope.exporters.labels.nvidia import FAMILIES
@@ -25,6 +26,7 @@ from tests.doubles.make_sysfs import write_tree
 from tests.support import GPUSCOPE, REPO
 
 DOC = REPO / "docs" / "scheduling.md"
+AMD_PROFILES = ("mi300x", "mi300x-cpx", "mi250x")
 PROFILES = sorted(
     p.stem for p in (REPO / "tests" / "doubles" / "fakenvml" / "profiles").glob("*.json")
 )
@@ -58,16 +60,22 @@ def emitted() -> dict[str, set[str]]:
 
 
 @pytest.fixture
-def agent_labels(inprocess, emitted: dict[str, set[str]]) -> dict[str, set[str]]:
+def agent_labels(inprocess, amd_inprocess, emitted: dict[str, set[str]]) -> dict[str, set[str]]:
     if not emitted:
+        snapshots = []
         for profile in PROFILES:
             h = inprocess(profile)
-            snapshot = h.gpu.read()
+            snapshots.append(h.gpu.read())
+            h.agent.stop()  # one NVML at a time: the next profile re-initializes it
+        for profile in AMD_PROFILES:
+            a = amd_inprocess(profile)
+            snapshots.append(a.amd.read())
+            a.agent.stop()
+        for snapshot in snapshots:
             assert isinstance(snapshot, AcceleratorSnapshot)
             for network in (None, NetworkPlacement(rdma_present=True, nic_affinity="pix")):
                 for key, value in gpu_labels(snapshot, PREFIX, network=network).items():
                     emitted.setdefault(key, set()).add(value)
-            h.agent.stop()  # one NVML at a time: the next profile re-initializes it
         for key, value in gpu_labels(None, PREFIX).items():
             emitted.setdefault(key, set()).add(value)
     return emitted
@@ -134,7 +142,7 @@ def _selectors(doc: dict[str, Any]) -> Iterator[tuple[str, str, list[str]]]:
 def test_selected_values_are_values_the_agent_produces(
     agent_labels: dict[str, set[str]],
 ) -> None:
-    families = {name for _, name in FAMILIES}
+    families = {name for _, name in FAMILIES} | set(AMD_FAMILIES.values())
     affinities = {*LEVELS, "none"}
     checked = 0
     for doc in yaml_documents():
@@ -159,7 +167,8 @@ def test_kueue_flavors_and_topology_fit_together() -> None:
     docs = yaml_documents()
     topologies = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Topology"}
     flavors = [d for d in docs if d["kind"] == "ResourceFlavor"]
-    assert len({f["spec"]["nodeLabels"][f"{PREFIX}gpu.product"] for f in flavors}) == len(flavors)
+    by_name = {f["metadata"]["name"]: f["spec"]["nodeLabels"] for f in flavors}
+    assert len(by_name) == len(flavors)
     for flavor in flavors:
         name = flavor["spec"].get("topologyName")
         if name:
@@ -169,7 +178,13 @@ def test_kueue_flavors_and_topology_fit_together() -> None:
     flavor_names = {f["metadata"]["name"] for f in flavors}
     for cq in (d for d in docs if d["kind"] == "ClusterQueue"):
         for group in cq["spec"]["resourceGroups"]:
-            assert {f["name"] for f in group["flavors"]} <= flavor_names
+            names = [f["name"] for f in group["flavors"]]
+            assert set(names) <= flavor_names
+            # The flavors of one group select disjoint nodes: some label differs.
+            for i, a in enumerate(names):
+                for b in names[i + 1 :]:
+                    la, lb = by_name[a], by_name[b]
+                    assert any(k in lb and lb[k] != v for k, v in la.items()), (a, b)
     for lq in (d for d in docs if d["kind"] == "LocalQueue"):
         assert lq["spec"]["clusterQueue"] in queues
 

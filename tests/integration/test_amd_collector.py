@@ -16,6 +16,7 @@ import pytest
 from gpuscope.agent.app.agent import Agent
 from gpuscope.agent.app.config import parse
 from gpuscope.agent.clock import ManualClock
+from tests.support import wait_for
 from tests.support.promtext import Exposition
 
 GIB = 1 << 30
@@ -123,3 +124,80 @@ def test_a_host_without_rocm_reports_amd_absent_in_one_line(
     assert "gpuscope_gpu_info" not in m.names()
     lines = [r.getMessage() for r in caplog.records if "libamd_smi.so not found" in r.getMessage()]
     assert len(lines) == 1, lines
+
+
+def test_events_are_counted_per_gpu_and_type_none_lost(amd_inprocess) -> None:
+    h = amd_inprocess("mi300x")
+    for _ in range(3):
+        h.fake.post_event(0, "vmfault", "page fault in pid 4242")
+    h.fake.post_event(1, "gpu_pre_reset")
+    h.advance(1)
+    h.fake.post_event(0, "vmfault")  # after a drain: counted on top, not instead
+    h.advance(1)
+    m = h.scrape()
+    g0, g1 = h.fake.gpu(0)["uuid"], h.fake.gpu(1)["uuid"]
+    assert m.value("gpuscope_gpu_events_total", uuid=g0, event="vm_fault") == 4
+    assert m.value("gpuscope_gpu_events_total", uuid=g1, event="gpu_pre_reset") == 1
+    assert m.get("gpuscope_gpu_events_total", uuid=g1, event="vm_fault") is None
+    # Every GPU's events are delivered: the watched gauge is served only for exceptions.
+    assert "gpuscope_gpu_events_watched" not in m.names()
+
+
+def test_a_hung_gpu_is_isolated_and_comes_back(amd_inprocess) -> None:
+    h = amd_inprocess("mi300x", "--amd-read-deadline", "0.2")
+    stuck = h.fake.gpu(2)["uuid"]
+    h.fake.hang(2)
+    assert h.scrape().value("gpuscope_gpu_up", uuid=stuck) == 0.0
+    h.clock.advance(5)
+    m = h.scrape()
+    assert m.value("gpuscope_gpu_up", uuid=stuck) == 0.0
+    assert m.value("gpuscope_gpu_stuck_seconds", uuid=stuck) >= 5.0
+    ((labels, _),) = m.rows("gpuscope_gpu_stuck_call_info", uuid=stuck)
+    assert labels["function"].startswith("amdsmi_")
+    others = {u: v for (u,), v in _by_uuid(m, "gpuscope_gpu_up").items() if u != stuck}
+    assert set(others.values()) == {1.0} and len(others) == 7
+    assert h.amd.gates.threads() <= 8  # one worker per GPU, never a second
+    h.fake.release(2)
+    wait_for(lambda: h.scrape().value("gpuscope_gpu_up", uuid=stuck) == 1.0, what="answers")
+
+
+def test_a_lost_gpu_reads_down_and_the_others_are_served(amd_inprocess) -> None:
+    h = amd_inprocess("mi300x")
+    lost = h.fake.gpu(3)["uuid"]
+    h.fake.lose(3)
+    m = h.scrape()
+    assert m.value("gpuscope_gpu_up", uuid=lost) == 0.0
+    assert m.get("gpuscope_gpu_power_watts", uuid=lost) is None  # nothing read, not 0
+    assert m.rows("gpuscope_gpu_info", uuid=lost)  # its identity stays, for alerts
+    assert sum(m.series("gpuscope_gpu_up").values()) == 7
+    assert h.amd.lost_devices() == frozenset({lost})
+
+
+def test_processes_carry_their_vram_and_gfx_share(amd_inprocess) -> None:
+    h = amd_inprocess("mi300x")
+    h.fake.set_processes(0, [{"pid": 4242, "name": "python3", "vram": 20 * GIB, "gfx_busy": 0.5}])
+    h.advance(2)
+    h.scrape()
+    h.advance(2)
+    snapshot = h.amd.read()
+    (proc,) = snapshot.gpus[0].processes
+    assert proc.pid == 4242 and proc.used_memory_bytes == 20 * GIB
+    assert proc.utilization_ratio == pytest.approx(0.5, abs=0.05)
+
+
+def test_the_accumulators_give_exact_busy_time_whatever_the_tick(amd_inprocess) -> None:
+    """MI300's gfx_activity_acc integrates the activity at every firmware sample: busy
+    seconds over 10 s of 40 % activity are 4 s with ticks 5 s apart, not a sampled guess."""
+    h = amd_inprocess("mi300x")
+    uuid = h.fake.gpu(0)["uuid"]
+    before = h.scrape().value("gpuscope_gpu_busy_seconds_total", uuid=uuid)
+    h.fake.set_activity(0, 40)
+    h.advance(10, step=5)
+    m = h.scrape()
+    assert m.value("gpuscope_gpu_busy_seconds_total", uuid=uuid) - before == pytest.approx(4.0)
+    ((labels, _),) = m.rows("gpuscope_gpu_partition_info", uuid=uuid)
+    assert labels["activity"] == "accumulator"
+
+
+def _by_uuid(m: Exposition, name: str) -> dict[tuple[str], float]:
+    return {(labels["uuid"],): v for labels, v in m.rows(name)}
