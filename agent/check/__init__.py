@@ -1,4 +1,4 @@
-"""First contact with a real NVIDIA GPU: what NVML really does, and whether gpuscope reads it right.
+"""First contact with a real GPU: what its library really does, and whether gpuscope reads it right.
 
 Run once per node type, as root, on a machine with the NVIDIA driver and `nvidia-smi` (no
 CUDA toolkit): in the DaemonSet's pod, or from a checkout with only `nvidia-ml-py` and
@@ -39,12 +39,25 @@ Checks:
   nvidia_smi        name, memory, driver, power (10%) and utilization under load vs nvidia-smi
   nvml_errors       NVML calls the agent saw fail with anything but NOT_SUPPORTED
 
+On an AMD node (NVML absent, AMD SMI present; or `--vendor amd`) it runs the `amd` collector
+instead and these checks (agent/check/amd.py):
+  amd_accumulators  the activity accumulators' busy share over the duty window against the
+                    activity sampled every 100 ms, per GPU; the accumulation counter's rate
+  amd_costs         each AMD SMI call the collector makes on GPU 0, timed; a whole read()
+  amd_processes     the process list as the agent sees it: PIDs in /proc, VRAM reported
+  amd_events        every GPU registered for vm_fault, thermal and reset events
+  amd_memory        each GPU's memory (derived from its XCPs when partitioned) against the
+                    model's data sheet
+  amd_xgmi          links up, and per-link counters against gpu_metrics' XGMI accumulators
+  series_budget     at most 40 series per GPU at the default level
+
 Nothing here resets a GPU or changes clocks, power limits, MIG or persistence mode.
 `--quick` shortens every phase (for tests); `--fake-load CMD` replaces the CUDA load with a
 command run as `CMD start <duty> <slot_s> <pid>`, `CMD stop` and `CMD xid <gpu>`.
 """
 
 SUMMARY = (
-    "first contact with a real NVIDIA GPU: what NVML does, and whether gpuscope reads it right"
+    "first contact with a real GPU (NVIDIA or AMD): what its library does, and whether "
+    "gpuscope reads it right"
 )
 DESCRIPTION = __doc__.split("\n", 2)[2] if __doc__ else ""

@@ -5,12 +5,16 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from gpuscope.agent import logs
+from gpuscope.agent.amd.source import AmdSource
 from gpuscope.agent.app.agent import Agent
 from gpuscope.agent.check import DESCRIPTION, SUMMARY
 from gpuscope.agent.check.accounting import check_busy, check_idle
+from gpuscope.agent.check.amd import inventory as amd_inventory
+from gpuscope.agent.check.amd import run_amd_checks, start_amd_agent
 from gpuscope.agent.check.common import FAIL, Check, say, scrape
 from gpuscope.agent.check.costs import check_costs
 from gpuscope.agent.check.fields import check_fields
@@ -35,6 +39,12 @@ from gpuscope.agent.gpu.source import GpuSource
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The check's flags, for its own parser and for `gpuscope --help`'s list of commands."""
     p.add_argument("--json", help="report path (default: $OUT or . / gpu-check-report.json)")
+    p.add_argument(
+        "--vendor",
+        choices=("auto", "nvidia", "amd"),
+        default="auto",
+        help="whose GPUs to check (auto: NVIDIA's where NVML answers, else AMD's)",
+    )
     p.add_argument("--quick", action="store_true", help="a few seconds per phase (tests)")
     p.add_argument("--idle-seconds", type=float, help="idle window (default 60, quick 3)")
     p.add_argument("--duty-seconds", type=float, help="duty window (default 60, quick 5)")
@@ -111,19 +121,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.monotonic()
     path = report_path(args.json)
     extra: dict[str, Any] = {"args": vars(args), "started": time.time()}
-    started = start_agent(args)
+    started = start(args)
     if isinstance(started, Check):
         write_report(path, [started], extra)
         print_summary([started], {}, path, time.monotonic() - t0)
         return 1
     agent, source = started
+    if isinstance(source, AmdSource):
+        try:
+            extra["inventory"] = amd_inventory(source)
+            checks = run_amd_checks(args, agent, source)
+        finally:
+            agent.stop()
+        return finish(path, checks, extra, t0)
     try:
         with census_nvml() as nvml:
             extra["inventory"] = inventory(nvml, source)
             checks = run_checks(args, agent, source, nvml)
     finally:
         agent.stop()
+    return finish(path, checks, extra, t0)
+
+
+def finish(path: Path, checks: list[Check], extra: dict[str, Any], t0: float) -> int:
     extra["wall_s"] = time.monotonic() - t0
     write_report(path, checks, extra)
     print_summary(checks, extra["inventory"], path, extra["wall_s"])
     return 1 if any(c.status == FAIL for c in checks) else 0
+
+
+def start(args: Any) -> tuple[Agent, GpuSource | AmdSource] | Check:
+    """The agent for the vendor asked for; `auto`: NVIDIA's where NVML answers, else AMD's
+    where AMD SMI does, else NVIDIA's failure (the suite's first user)."""
+    if args.vendor == "amd":
+        return start_amd_agent(args)
+    started = start_agent(args)
+    if args.vendor == "auto" and isinstance(started, Check):
+        amd = start_amd_agent(args)
+        if not isinstance(amd, Check):
+            return amd
+    return started

@@ -32,11 +32,18 @@ def write_report(path: Path, checks: Sequence[Check], extra: dict[str, Any]) -> 
 def print_summary(checks: Sequence[Check], inv: Mapping[str, Any], path: Path, wall: float) -> None:
     gpus = inv.get("gpus", [])
     names = sorted({g["model"] for g in gpus})
-    say(
-        f"{len(gpus)} GPU(s) {', '.join(names)}; driver {inv.get('driver')}, NVML "
-        f"{inv.get('nvml')}, CUDA {inv.get('cuda_driver')}, nvidia-ml-py "
-        f"{inv.get('nvidia_ml_py')}, MIG {[g['mig_mode'] for g in gpus]}"
-    )
+    if inv.get("vendor") == "amd":
+        say(
+            f"{len(gpus)} GPU(s) {', '.join(names)}; amdgpu {inv.get('driver')}, AMD SMI "
+            f"{inv.get('library')}, amdsmi {inv.get('bindings')}, partitions "
+            f"{sorted({g['partition'] for g in gpus})}"
+        )
+    else:
+        say(
+            f"{len(gpus)} GPU(s) {', '.join(names)}; driver {inv.get('driver')}, NVML "
+            f"{inv.get('nvml')}, CUDA {inv.get('cuda_driver')}, nvidia-ml-py "
+            f"{inv.get('nvidia_ml_py')}, MIG {[g['mig_mode'] for g in gpus]}"
+        )
     for c in checks:
         say(f"  [{c.status.upper().replace('_', ' ')}] {c.name}: {c.message}")
     counts = Counter(c.status for c in checks)
