@@ -144,8 +144,9 @@ golden-update: venv fakenvml
 		tests/integration/test_labels.py tests/unit/exporters tests/unit/net/test_rdma.py \
 		tests/unit/agent/test_registry.py tests/deploy/test_deploy_assets.py
 
-bench: venv fakenvml kernel
+bench: venv fakenvml fakeamdsmi kernel
 	$(PY) bench/bench_gpu.py
+	$(PY) bench/bench_amd.py
 	$(PY) -W ignore bench/bench_net.py
 	$(PY) -W ignore bench/bench_attribution.py
 	$(PY) bench/server_abuse.py --agent
