@@ -248,6 +248,22 @@ class Integrals:
     partition_active: Mapping[str, float] = field(default_factory=dict)  # last window ratio
 
 
+def unknown_reading(index: int) -> AmdGpu:
+    """A GPU AMD SMI enumerates but that has not answered to be identified: its position,
+    down, nothing else."""
+    identity = DeviceIdentity(
+        index=index,
+        uuid="",
+        model="",
+        pci_bus_id="",
+        serial="",
+        architecture="unknown",
+        numa_node=None,
+        vendor=VENDOR,
+    )
+    return AmdGpuReading(identity=identity, up=False, extension=AmdReading(socket=index))
+
+
 def down_reading(device: Device, events: Mapping[str, int]) -> AmdGpu:
     """A GPU that is not answering: its identity and its events; nothing read."""
     x = AmdReading(socket=device.identity.index, gfx_target=device.gfx_target, events=events)

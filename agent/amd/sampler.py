@@ -138,6 +138,13 @@ class Sampler:
             except Exception:
                 log.exception("AMD sampler tick failed")
 
+    def set_devices(self, devices: Sequence[Device]) -> None:
+        """The GPUs to sample from the next tick (a GPU identified late joins here)."""
+        with self._lock:
+            self._devices = list(devices)
+            for d in devices:
+                self._states.setdefault(d.identity.uuid, _State())
+
     def integrals(self) -> dict[str, Integrals]:
         with self._lock:
             return {uuid: s.integrals for uuid, s in self._states.items()}
@@ -145,9 +152,10 @@ class Sampler:
     def tick(self) -> None:
         """Sample every GPU through its gate, in parallel, and integrate the window."""
         deadline_at = self.gates.deadline_at()
+        with self._lock:
+            devices = list(self._devices)
         begun = [
-            (d, self.gates.of(d).begin(partial(sample, self.lib, d), deadline_at))
-            for d in self._devices
+            (d, self.gates.of(d).begin(partial(sample, self.lib, d), deadline_at)) for d in devices
         ]
         for device, job in begun:
             now = self.clock.monotonic()

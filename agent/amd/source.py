@@ -54,6 +54,8 @@ class AmdSource:
         self.driver_version = ""
         self.library_version = ""
         self._lost: set[str] = set()
+        # Sockets whose GPU did not answer at discovery: retried on each read until it does.
+        self._pending: dict[int, list[Any]] = {}
         self.links: dict[tuple[int, int], GpuLink] = {}
 
     def start(self) -> None:
@@ -93,13 +95,15 @@ class AmdSource:
             parts = [str(version.get(k, "")) for k in ("major", "minor", "release")]
             self.library_version = ".".join(p for p in parts if p)
         self.devices = []
+        self._pending = {}
         for index, handles in enumerate(dev.processors_by_socket(lib)):
             if not handles:
                 continue
             try:
                 self.devices.append(dev.discover(lib, index, handles, self.config.sysfs))
             except AmdSmiCallError as exc:
-                log.warning("AMD GPU %d (socket %d) does not answer: %s", index, index, exc)
+                log.warning("AMD GPU %d does not answer: %s; retried each collection", index, exc)
+                self._pending[index] = handles
         if self.devices:
             driver = lib.query("amdsmi_get_gpu_driver_info", self.devices[0].primary) or {}
             text = str(driver.get("driver_version", ""))
@@ -109,6 +113,7 @@ class AmdSource:
         self.links = read_links(lib, self.devices)
 
     def read(self) -> AmdGpus:
+        self._find_pending()
         integrals = self.sampler.integrals() if self.sampler is not None else {}
         deadline_at = self.gates.deadline_at()
         begun = []
@@ -126,7 +131,10 @@ class AmdSource:
                     down, stuck_seconds=got_reading.stuck_seconds, stuck_call=got_reading.function
                 )
             readings.append(got_reading)
-        self._lost = {r.identity.uuid for r in readings if not r.up}
+        # Not identified yet: its position is known, nothing else (gpu.count stays right).
+        readings += [dev.unknown_reading(index) for index in sorted(self._pending)]
+        readings.sort(key=lambda r: r.identity.index)
+        self._lost = {r.identity.uuid for r in readings if not r.up and r.identity.uuid}
         return AmdGpus(
             vendor=VENDOR,
             driver_version=self.driver_version,
@@ -139,6 +147,27 @@ class AmdSource:
             ),
             processes_refused=frozenset(self.processes.refused),
         )
+
+    def _find_pending(self) -> None:
+        """Identify, through its gate, each GPU that did not answer before; a found one is
+        sampled from now on (its event notifications are not: registered at start only)."""
+        if not self._pending:
+            return
+        deadline_at = self.gates.deadline_at()
+        for index, handles in list(self._pending.items()):
+            work = partial(dev.discover, self.lib, index, handles, self.config.sysfs)
+            job = self.gates.gate(index).begin(work, deadline_at)
+            try:
+                found = job.wait(deadline_at) if isinstance(job, Job) else job
+            except AmdSmiCallError:
+                continue
+            if isinstance(found, dev.Device):
+                del self._pending[index]
+                self.devices = sorted([*self.devices, found], key=lambda d: d.identity.index)
+                self.gates.of(found)
+                if self.sampler is not None:
+                    self.sampler.set_devices(self.devices)
+                log.info("AMD GPU %d answers: %s", index, found.identity.uuid)
 
     def _read(self, device: dev.Device, integrals: dev.Integrals, events: Any) -> AmdGpu:
         """(On the GPU's worker.) Everything about one GPU, its processes included."""

@@ -201,3 +201,19 @@ def test_the_accumulators_give_exact_busy_time_whatever_the_tick(amd_inprocess) 
 
 def _by_uuid(m: Exposition, name: str) -> dict[tuple[str], float]:
     return {(labels["uuid"],): v for labels, v in m.rows(name)}
+
+
+def test_a_gpu_that_does_not_answer_at_start_is_found_later(amd_inprocess) -> None:
+    def silent(fake) -> None:  # type: ignore[no-untyped-def]
+        fake.fail(4, "amdsmi_get_gpu_device_uuid", 6)  # AMDSMI_STATUS_DRM_ERROR
+
+    h = amd_inprocess("mi300x", setup=silent)
+    m = h.scrape()
+    assert len(m.rows("gpuscope_gpu_up")) == 8  # counted, though not identified
+    assert m.value("gpuscope_gpu_up", gpu="4") == 0.0
+    h.fake.clear_fail(4)
+    m = h.scrape()
+    assert m.value("gpuscope_gpu_up", gpu="4") == 1.0
+    assert m.value("gpuscope_gpu_up", uuid=h.fake.gpu(4)["uuid"]) == 1.0
+    h.advance(2)
+    assert h.scrape().get("gpuscope_gpu_busy_seconds_total", gpu="4") is not None
