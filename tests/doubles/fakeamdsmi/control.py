@@ -118,6 +118,36 @@ def abi_release(profile: dict[str, Any]) -> str:
     return LIB_MAJOR_RELEASES.get(major, "7.0") if isinstance(major, int) else "7.0"
 
 
+# The default node of the AMD tests ("mi300x") as a run serves it: `make oldest-amdsmi` sets
+# mi300x-rocm64, so the same tests run on the 6.4.0 bindings over the 6.4 ABI.
+TEST_PROFILE_ENV = "GPUSCOPE_TEST_AMD_PROFILE"
+DEFAULT_TEST_PROFILE = "mi300x"
+
+
+def run_profile(name: str) -> str:
+    """``name``, or $GPUSCOPE_TEST_AMD_PROFILE in its place when ``name`` is the default."""
+    if name == DEFAULT_TEST_PROFILE:
+        return os.environ.get(TEST_PROFILE_ENV) or name
+    return name
+
+
+def bindings_release() -> str:
+    """The ABI the installed ``amdsmi`` bindings read ("6.4" for 6.x, else "7.0"), from the
+    package's metadata: never imports it (it would load a library into this process)."""
+    from importlib.metadata import version
+
+    return "6.4" if version("amdsmi").split(".")[0] == "6" else "7.0"
+
+
+def unreadable_reason(name: str) -> str | None:
+    """Why the installed bindings cannot read profile ``name`` (its structs are another
+    release's: reading them would corrupt memory), or None when they can."""
+    abi, installed = abi_release(load_profile(name)), bindings_release()
+    if abi == installed:
+        return None
+    return f"profile {name} speaks the {abi} ABI; the installed amdsmi reads {installed}'s"
+
+
 def _temperatures(spec: dict[str, Any]) -> list[int | None]:
     """The profile's ``{"junction": 42, "hbm": [..4]}`` as the 7 sensor types; None = absent."""
     hbm = list(spec.get("hbm", []))
