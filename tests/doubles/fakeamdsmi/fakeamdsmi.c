@@ -1,8 +1,10 @@
 /*
- * fakeamdsmi: a fake libamd_smi.so (AMD SMI, lib 26.x / ROCm 7.0) that the real Python
- * `amdsmi` 7.0.2 bindings load unchanged (ROCM_PATH=<dir>, <dir>/lib/libamd_smi.so).
+ * fakeamdsmi: a fake libamd_smi.so (AMD SMI, lib 26.x / ROCm 7.0, or lib 25.x / ROCm 6.4 as
+ * the state file's lib_version says) that the real Python `amdsmi` bindings of that release
+ * (7.0.2, 6.4.0) load unchanged (ROCM_PATH=<dir>, <dir>/lib/libamd_smi.so).
  *
- * It exports exactly the 184 symbols amdsmi_wrapper.py binds at import. A few calls are
+ * It exports the 184 symbols the 7.0.2 amdsmi_wrapper.py binds at import, plus the one 6.4.0
+ * binds that 7.0 dropped (amdsmi_get_power_info_v2). A few calls are
  * modelled (see tests/doubles/README.md, "fakeamdsmi"); every other one returns
  * AMDSMI_STATUS_NOT_INIT before amdsmi_init and AMDSMI_STATUS_NOT_SUPPORTED after it, without
  * touching its arguments (as AMD's own mock backend does for what it does not model).
@@ -12,6 +14,7 @@
  *
  * Struct layouts are those of the ctypes definitions in amdsmi_wrapper.py (x86_64, packed
  * like the wrapper's _pack_ = 1 with its explicit PADDING_ fields); _Static_asserts pin them.
+ * Where 6.4's differ (section 1b), the release table (section 2c) picks the layout.
  */
 #define _POSIX_C_SOURCE 200809L
 
