@@ -120,9 +120,11 @@ oldest-nvml: venv fakenvml
 		--ignore=tests/integration/test_fakenvml.py \
 		--ignore=tests/integration/test_fakeamdsmi.py -m "not pinned_bindings" $(PYTEST_ARGS)
 
-## The oldest amdsmi bindings whose interface has every call the fake models for MI300X
-## (tests/doubles/README.md, fakeamdsmi): a second venv as for oldest-nvml; the fake's own
-## tests marked amdsmi_any_bindings (those whose structs 6.4 and 7.0 lay out alike) run there.
+## The oldest amdsmi bindings whose interface has every call the collector makes (6.4.0), in a
+## second venv as for oldest-nvml, over the fake speaking the ROCm 6.4 library's ABI (profile
+## mi300x-rocm64, which $GPUSCOPE_TEST_AMD_PROFILE puts in place of the default mi300x): the
+## fake's own tests, the amd collector's and the AMD labels tests. Profiles of 7.0's ABI skip
+## there; the golden files pin 7.0.2's values and stay out.
 AMDSMI_OLDEST := 6.4.0
 VENV_AMDSMI   := $(BUILD)/venv-amdsmi-$(AMDSMI_OLDEST)
 oldest-amdsmi: venv fakeamdsmi
@@ -133,9 +135,10 @@ oldest-amdsmi: venv fakeamdsmi
 		+ "/test-venv.pth", "w").write(sys.argv[1] + "\n")' "$$($(PY) -c \
 		'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 	@$(VENV_AMDSMI)/bin/python -c 'import importlib.metadata as m; \
-		print("oldest-amdsmi: amdsmi", m.version("amdsmi"))'
-	$(VENV_AMDSMI)/bin/python -m pytest -p no:cacheprovider tests/integration/test_fakeamdsmi.py \
-		-m amdsmi_any_bindings $(PYTEST_ARGS)
+		print("oldest-amdsmi: amdsmi", m.version("amdsmi"), "over profile mi300x-rocm64")'
+	GPUSCOPE_TEST_AMD_PROFILE=mi300x-rocm64 $(VENV_AMDSMI)/bin/python -m pytest -p no:cacheprovider \
+		tests/integration/test_fakeamdsmi.py tests/integration/test_amd_collector.py \
+		tests/integration/test_labels.py -k amd $(PYTEST_ARGS)
 
 ## Regenerate every golden file (expositions, labels), docs/metrics.md, the README's flag
 ## table and the generated rules/dashboards manifests after an intended change; review the diff.

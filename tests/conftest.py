@@ -57,7 +57,9 @@ def amd_inprocess(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Callable[..., AmdInProcess]]:
     """`amd_inprocess(profile, *agent_args, setup=None)`: see support.start_amd_inprocess.
-    The fake's variables are set for the test only."""
+    The fake's variables are set for the test only. "mi300x" is $GPUSCOPE_TEST_AMD_PROFILE
+    where set (control.run_profile); a profile the installed bindings cannot read (another
+    release's ABI) skips the test."""
     from tests.doubles.fakeamdsmi import control
 
     control.ensure_built()
@@ -69,6 +71,10 @@ def amd_inprocess(
     def start(
         profile: str, *args: str, setup: Callable[[FakeAmdSmi], None] | None = None
     ) -> AmdInProcess:
+        profile = control.run_profile(profile)
+        reason = control.unreadable_reason(profile)
+        if reason:
+            pytest.skip(reason)
         handle = start_amd_inprocess(tmp_path, profile, *args, setup=setup)
         started.append(handle)
         return handle

@@ -22,7 +22,7 @@ from gpuscope.agent.accelerators.records import (
     InterconnectLink,
     Partition,
 )
-from gpuscope.agent.amd.library import AmdSmi, AmdSmiCallError, number
+from gpuscope.agent.amd.library import UNAVAILABLE, AmdSmi, AmdSmiCallError, number
 from gpuscope.agent.amd.records import VENDOR, AmdGpu, AmdGpuReading, AmdReading
 from gpuscope.agent.pci import sysfs_pci_address
 
@@ -457,7 +457,7 @@ def _links(lib: AmdSmi, h: Any) -> tuple[InterconnectLink, ...]:
     one unused slot, so nothing is lost on today's platforms."""
     status = lib.query("amdsmi_get_gpu_xgmi_link_status", h) or {}
     states = list(status.get("status") or [])
-    metrics = lib.query("amdsmi_get_link_metrics", h) or {}
+    metrics = _link_metrics(lib, h) or {}
     count = _int(metrics.get("num_links")) or 0
     data = [link for link in (metrics.get("links") or [])[:count]]
     n = max(len(states), len(data))
@@ -478,6 +478,32 @@ def _links(lib: AmdSmi, h: Any) -> tuple[InterconnectLink, ...]:
             )
         )
     return tuple(links)
+
+
+def _link_metrics(lib: AmdSmi, h: Any) -> Mapping[str, Any] | None:
+    """`amdsmi_get_link_metrics`; the amdsmi 6.4.0 interface lacks the Python function
+    though its wrapper binds the C call (with 7.0's layout), so there it is read from the
+    struct, as the 7.0.2 function would: N/A for all-ones."""
+    if hasattr(lib.module, "amdsmi_get_link_metrics"):
+        got = lib.query("amdsmi_get_link_metrics", h)
+        return got if isinstance(got, Mapping) else None
+    import ctypes
+
+    wrapper = lib.module.amdsmi_wrapper
+    raw = wrapper.amdsmi_link_metrics_t()
+    try:
+        _raw(lib, "amdsmi_get_link_metrics", h, ctypes.byref(raw))
+    except AmdSmiCallError as exc:
+        if exc.status in UNAVAILABLE:
+            return None
+        raise
+    count = min(int(raw.num_links), len(raw.links))
+
+    def kb(value: int) -> int | str:
+        return "N/A" if value == 0xFFFFFFFFFFFFFFFF else int(value)
+
+    links = [{"read": kb(raw.links[i].read), "write": kb(raw.links[i].write)} for i in range(count)]
+    return {"num_links": count, "links": links}
 
 
 def _ecc(lib: AmdSmi, h: Any) -> dict[str, int]:

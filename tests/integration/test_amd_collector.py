@@ -73,6 +73,20 @@ def test_busy_seconds_and_energy_grow_with_the_work(amd_inprocess) -> None:
     assert after.value("gpuscope_gpu_busy_seconds_total", uuid=idle_uuid) == 0.0
 
 
+def test_xgmi_bytes_are_read_on_every_supported_release(amd_inprocess) -> None:
+    """amdsmi 6.4.0 has no Python amdsmi_get_link_metrics: the agent reads the C struct
+    there (make oldest-amdsmi runs this on mi300x-rocm64), the function on 7.0.2."""
+    h = amd_inprocess("mi300x")
+    uuid = h.fake.gpu(0)["uuid"]
+    before = h.scrape().value("gpuscope_gpu_xgmi_transmit_bytes_total", uuid=uuid)
+    h.fake.set_xgmi_link(0, 0, read_kbps=1000, write_kbps=500)
+    h.advance(10)
+    m = h.scrape()
+    sent = m.value("gpuscope_gpu_xgmi_transmit_bytes_total", uuid=uuid) - before
+    assert sent == 10 * 500 * 1024  # KB written over 10 s, in bytes
+    assert m.value("gpuscope_gpu_xgmi_receive_bytes_total", uuid=uuid) >= 10 * 1000 * 1024
+
+
 def test_units_are_base_units(amd_inprocess) -> None:
     h = amd_inprocess("mi300x")
     uuid = h.fake.gpu(0)["uuid"]

@@ -1,5 +1,7 @@
 """Tests of the fake AMD SMI library (issue #23), driven only through the real ``amdsmi``
-7.0.2 Python bindings.
+Python bindings: 7.0.2 (the test venv), and 6.4.0 over the mi300x-rocm64 profile (`make
+oldest-amdsmi`: $GPUSCOPE_TEST_AMD_PROFILE replaces the default "mi300x"; a profile of the
+other release's ABI is skipped).
 
 ``amdsmi`` loads ``libamd_smi.so`` when imported, once per process, so every test runs it in
 a subprocess with the fake's environment (``FakeAmdSmi.env()``); this module never imports it.
@@ -26,6 +28,8 @@ from tests.doubles.fakeamdsmi.control import (
     ensure_built,
     list_profiles,
     load_profile,
+    run_profile,
+    unreadable_reason,
 )
 
 SUCCESS, INVAL, NOT_SUPPORTED, INIT_ERROR, NOT_INIT = 0, 1, 2, 18, 32
@@ -55,7 +59,10 @@ def out(value):
 @pytest.fixture
 def fake(tmp_path: Path) -> FakeAmdSmi:
     ensure_built()
-    return FakeAmdSmi("mi300x", tmp_path / "amdsmi-state.json")
+    profile = run_profile("mi300x")
+    if reason := unreadable_reason(profile):
+        pytest.skip(reason)
+    return FakeAmdSmi(profile, tmp_path / "amdsmi-state.json")
 
 
 def run(fake: FakeAmdSmi, code: str, env: dict[str, str] | None = None) -> Any:
@@ -80,7 +87,6 @@ def wrapper_symbols() -> set[str]:
     return set(re.findall(r"_libraries\['libamd_smi\.so'\]\.([A-Za-z0-9_]+)", text))
 
 
-@pytest.mark.amdsmi_any_bindings
 def test_exports_exactly_what_the_wrapper_binds() -> None:
     nm = subprocess.run(
         ["nm", "-D", "--defined-only", str(ensure_built())],
@@ -97,7 +103,6 @@ def test_exports_exactly_what_the_wrapper_binds() -> None:
     assert len(exported) == 184 + len(OLDEST_EXTRA)  # 7.0.2's and what only 6.4 binds
 
 
-@pytest.mark.amdsmi_any_bindings
 def test_real_bindings_import_and_load_the_fake(fake: FakeAmdSmi) -> None:
     got = run(fake, "out([amdsmi.__file__, w._libraries['libamd_smi.so']._name])")
     assert "site-packages" in got[0]
@@ -139,7 +144,7 @@ def test_identity_reads_back_the_profile(fake: FakeAmdSmi) -> None:
               "bdf": amdsmi_get_gpu_device_bdf(h)} for h in amdsmi_get_processor_handles()])
         """,
     )
-    profile = load_profile("mi300x")["gpus"]
+    profile = load_profile(fake.name)["gpus"]
     assert [g["bdf"] for g in got] == [p["bdf"] for p in profile]
     assert [g["uuid"] for g in got] == [p["uuid"] for p in profile]
     assert len({g["uuid"] for g in got}) == 8
@@ -155,7 +160,8 @@ def test_identity_reads_back_the_profile(fake: FakeAmdSmi) -> None:
             "oam_id": p["oam_id"],
             "num_compute_units": 304,
             "target_graphics_version": "gfx942",
-            "subsystem_id": "0x74a1",
+            # 6.4's asic_info has no subsystem_id (its wrapper: `reserved` there)
+            **({"subsystem_id": "0x74a1"} if fake.abi == "7.0" else {}),
         }
 
 
@@ -198,18 +204,10 @@ def test_metrics_read_back_the_profile(fake: FakeAmdSmi) -> None:
     assert idle["activity"] == {"gfx_activity": 0, "umc_activity": 0, "mm_activity": "N/A"}
     assert busy["activity"] == {"gfx_activity": 87, "umc_activity": 41, "mm_activity": "N/A"}
     na = dict.fromkeys(["average_socket_power", "gfx_voltage", "soc_voltage", "mem_voltage"], "N/A")
-    assert idle["power"] == {
-        "socket_power": 140,
-        "current_socket_power": 140,
-        "power_limit": 750,
-        **na,
-    }
-    assert busy["power"] == {
-        "socket_power": 702,
-        "current_socket_power": 702,
-        "power_limit": 750,
-        **na,
-    }
+    # The 6.4.0 bindings leave socket_power out of the dict (their interface).
+    socket = (lambda w: {"socket_power": w}) if fake.abi == "7.0" else (lambda w: {})
+    assert idle["power"] == {**socket(140), "current_socket_power": 140, "power_limit": 750, **na}
+    assert busy["power"] == {**socket(702), "current_socket_power": 702, "power_limit": 750, **na}
     # MI3x: junction (HOTSPOT), VRAM and four HBM stacks; no edge sensor.
     assert idle["temps"] == {"EDGE": NOT_SUPPORTED, "HOTSPOT": 42, "VRAM": 38,
                              "HBM_0": 37, "HBM_1": 38, "HBM_2": 36, "HBM_3": 37}  # fmt: skip
@@ -371,6 +369,8 @@ def test_init_needs_the_gpu_flag(fake: FakeAmdSmi) -> None:
 
 def fake_of(tmp_path: Path, profile: str) -> FakeAmdSmi:
     ensure_built()
+    if reason := unreadable_reason(profile):
+        pytest.skip(reason)
     return FakeAmdSmi(profile, tmp_path / f"{profile}.json")
 
 
@@ -390,7 +390,8 @@ def test_mi300x_metrics_pcie_xgmi_ecc_and_identity(fake: FakeAmdSmi) -> None:
         hs = amdsmi_get_processor_handles()
         h = hs[0]
         m = amdsmi_get_gpu_metrics_info(h)
-        lm = amdsmi_get_link_metrics(h)
+        # the 6.4.0 interface has no amdsmi_get_link_metrics (its wrapper binds the C call)
+        lm = amdsmi_get_link_metrics(h) if "amdsmi_get_link_metrics" in globals() else None
         raw = w.amdsmi_link_metrics_t()
         w.amdsmi_get_link_metrics(h, ctypes.byref(raw))
         out({"m": m, "pcie": amdsmi_get_pcie_info(h), "xgmi": amdsmi_get_gpu_xgmi_link_status(h),
@@ -410,8 +411,10 @@ def test_mi300x_metrics_pcie_xgmi_ecc_and_identity(fake: FakeAmdSmi) -> None:
              "vram": amdsmi_get_gpu_vram_info(h)})
         """,
     )
-    m = got["m"]
-    assert (m["common_header.format_revision"], m["common_header.content_revision"]) == (1, 8)
+    m, v70 = got["m"], fake.abi == "7.0"
+    if v70:  # the 6.4.0 interface leaves the header out of the dict
+        revision = (m["common_header.format_revision"], m["common_header.content_revision"])
+        assert revision == (1, 8)
     assert m["temperature_edge"] == "N/A" and m["temperature_hotspot"] == 42
     assert m["throttle_status"] == "N/A" and m["average_socket_power"] == "N/A"
     assert m["average_gfx_activity"] == 80 and m["current_socket_power"] == 140
@@ -425,21 +428,31 @@ def test_mi300x_metrics_pcie_xgmi_ecc_and_identity(fake: FakeAmdSmi) -> None:
     assert m["num_partition"] == 1
     assert m["xcp_stats.gfx_busy_inst"][0] == [80] * 8
     assert m["xcp_stats.gfx_busy_inst"][1] == ["N/A"] * 8  # SPX: one partition
-    assert m["xcp_stats.gfx_busy_acc"][0] == [800_000] * 8
-    assert m["xcp_stats.gfx_low_utilization_acc"][0] == [0] * 8
+    # The 6.4.0 bindings validate gfx_busy_acc as an activity (isActivity=True): any count
+    # over 100 reads "N/A" there, a bug of theirs that stays reachable.
+    assert m["xcp_stats.gfx_busy_acc"][0] == ([800_000] if v70 else ["N/A"]) * 8
+    if v70:  # gpu_metrics v1.8: not in 6.4's xcp_stats
+        assert m["xcp_stats.gfx_low_utilization_acc"][0] == [0] * 8
+    else:
+        assert "xcp_stats.gfx_low_utilization_acc" not in m
     assert got["pcie"]["pcie_metric"]["pcie_speed"] == 32000
     assert got["pcie"]["pcie_static"]["slot_type"] == "OAM"
     assert got["xgmi"] == {"status": ["U"] * 6 + ["D", "X"], "total_links": 8}
-    assert got["raw_links"] == 7 and len(got["lm"]["links"]) == 8  # Python reads 8 of 64
-    assert (
-        got["lm"]["links"][0]["read"] == 10_000 and got["lm"]["links"][0]["bdf"] == "0000:26:00.0"
-    )
-    assert got["lm"]["links"][7]["bdf"] != "0000:00:00.0"  # slot 8 is all-ones, not a peer
+    assert got["raw_links"] == 7
+    if v70:
+        assert len(got["lm"]["links"]) == 8  # Python reads 8 of 64
+        links = got["lm"]["links"]
+        assert links[0]["read"] == 10_000 and links[0]["bdf"] == "0000:26:00.0"
+        assert links[7]["bdf"] != "0000:00:00.0"  # slot 8 is all-ones, not a peer
+    else:
+        assert got["lm"] is None
     assert got["total"] == {"correctable_count": 4, "uncorrectable_count": 1, "deferred_count": 2}
     assert got["umc"] == {"correctable_count": 3, "uncorrectable_count": 1, "deferred_count": 2}
     assert [got["sem"], got["bad_block"]] == [NOT_SUPPORTED, INVAL]
     assert got["driver"]["driver_name"] == "amdgpu"
-    assert got["lib"]["major"] == 26 and got["lib"]["build"] == "2"  # bindings read 1 char
+    lib = fake.profile["lib_version"]
+    assert got["lib"]["major"] == lib["major"] and got["lib"]["minor"] == lib["minor"]
+    assert got["lib"]["build"] == "2"  # the bindings read 1 char
     assert got["kfd"]["current_partition_id"] == 0
     assert got["enum"]["drm_render"] == 128
     assert got["parts"] == ["SPX", "NPS1"] and got["short"] == INSUFFICIENT_SIZE
@@ -480,11 +493,14 @@ def test_processes_count_then_fill_and_engine_ns(fake: FakeAmdSmi) -> None:
     assert empty == []
     first = procs[0]
     assert first["name"] == "python3" and first["engine_usage"]["gfx"] == 1_000_000_000
-    assert first["memory_usage"]["vram_mem"] == 8 << 30 and first["cu_occupancy"] == 76
-    assert procs[1]["name"] == "N/A" and procs[1]["cu_occupancy"] == "N/A"
+    assert first["memory_usage"]["vram_mem"] == 8 << 30
+    assert procs[1]["name"] == "N/A"
+    if fake.abi == "7.0":
+        assert first["cu_occupancy"] == 76 and procs[1]["cu_occupancy"] == "N/A"
+    else:  # 6.4's proc_info has no cu_occupancy
+        assert "cu_occupancy" not in first
 
 
-@pytest.mark.amdsmi_any_bindings
 def test_pages_and_the_reserved_pages_type_error(fake: FakeAmdSmi) -> None:
     fake.set_bad_pages(2, [(0x1000, 4096, "reserved"), (0x8000, 4096, "pending")])
     fake.set_reserved_pages(2, [(0x1000, 4096, "reserved")])
@@ -525,7 +541,10 @@ def test_events_are_delivered_once_across_reloads(fake: FakeAmdSmi) -> None:
         events = r0.read(2000, 10)
         again = status(r0.read, 50, 10)
         index = {h.value: i for i, h in enumerate(hs)}
-        out([res, [(index[e["processor_handle"].value], e["event"], e["message"]) for e in events],
+        # 7.0.2's reader gives the handle as a c_void_p, 6.4.0's as an int
+        events = [(index[getattr(e["processor_handle"], "value", e["processor_handle"])],
+                   e["event"], e["message"]) for e in events]
+        out([res, events,
              again, status(r1.stop), status(r1.stop)])
         """
     )

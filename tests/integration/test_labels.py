@@ -222,9 +222,12 @@ def test_gpuscope_labels_on_an_amd_node(
 ) -> None:
     """The same keys as on NVIDIA nodes: a scheduler selects on gpu.vendor, gpu.memory and
     gpu.interconnect whichever vendor's GPUs a node has."""
-    from tests.doubles.fakeamdsmi.control import FakeAmdSmi
+    from tests.doubles.fakeamdsmi import control
 
-    fake = FakeAmdSmi(profile, tmp_path / "state", now=1_767_225_600.0)
+    profile = control.run_profile(profile)
+    if reason := control.unreadable_reason(profile):
+        pytest.skip(reason)
+    fake = control.FakeAmdSmi(profile, tmp_path / "state", now=1_767_225_600.0)
     env = os.environ | fake.env() | {"LD_LIBRARY_PATH": "/nonexistent"}
     env.pop("FAKENVML_STATE", None)
     result = subprocess.run(

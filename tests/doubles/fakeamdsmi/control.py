@@ -73,6 +73,13 @@ XGMI_LINK_IDLE = {
 # amdsmi_temperature_type_t and amdsmi_clk_type_t: the state file's list positions.
 TEMPERATURE_TYPES = ("edge", "junction", "vram", "hbm_0", "hbm_1", "hbm_2", "hbm_3")
 CLOCK_TYPES = ("gfx", "df", "dcef", "soc", "mem", "pcie", "vclk0", "vclk1", "dclk0", "dclk1")
+# The library release whose ABI the fake speaks, by the profile's lib_version major (as
+# fakeamdsmi.c's release_of): lib 25.x is ROCm 6.4 (6.4.0 reports 25.3.0), else 7.0's.
+LIB_MAJOR_RELEASES = {25: "6.4", 26: "7.0"}
+# amdsmi_vram_vendor_type_t of the 6.4 ABI, where vram_info's vendor is a number (7.0: text).
+VRAM_VENDORS_64 = {"SAMSUNG": 0, "INFINEON": 1, "ELPIDA": 2, "ETRON": 3, "NANYA": 4,
+                   "HYNIX": 5, "MOSEL": 6, "WINBOND": 7, "ESMT": 8, "MICRON": 9,
+                   "UNKNOWN": 10}  # fmt: skip
 
 
 def ensure_built() -> Path:
@@ -105,6 +112,42 @@ def load_profile(name: str) -> dict[str, Any]:
     return profile
 
 
+def abi_release(profile: dict[str, Any]) -> str:
+    """The release whose struct layouts the fake writes for ``profile``: "6.4" or "7.0"."""
+    major = (profile.get("lib_version") or {}).get("major")
+    return LIB_MAJOR_RELEASES.get(major, "7.0") if isinstance(major, int) else "7.0"
+
+
+# The default node of the AMD tests ("mi300x") as a run serves it: `make oldest-amdsmi` sets
+# mi300x-rocm64, so the same tests run on the 6.4.0 bindings over the 6.4 ABI.
+TEST_PROFILE_ENV = "GPUSCOPE_TEST_AMD_PROFILE"
+DEFAULT_TEST_PROFILE = "mi300x"
+
+
+def run_profile(name: str) -> str:
+    """``name``, or $GPUSCOPE_TEST_AMD_PROFILE in its place when ``name`` is the default."""
+    if name == DEFAULT_TEST_PROFILE:
+        return os.environ.get(TEST_PROFILE_ENV) or name
+    return name
+
+
+def bindings_release() -> str:
+    """The ABI the installed ``amdsmi`` bindings read ("6.4" for 6.x, else "7.0"), from the
+    package's metadata: never imports it (it would load a library into this process)."""
+    from importlib.metadata import version
+
+    return "6.4" if version("amdsmi").split(".")[0] == "6" else "7.0"
+
+
+def unreadable_reason(name: str) -> str | None:
+    """Why the installed bindings cannot read profile ``name`` (its structs are another
+    release's: reading them would corrupt memory), or None when they can."""
+    abi, installed = abi_release(load_profile(name)), bindings_release()
+    if abi == installed:
+        return None
+    return f"profile {name} speaks the {abi} ABI; the installed amdsmi reads {installed}'s"
+
+
 def _temperatures(spec: dict[str, Any]) -> list[int | None]:
     """The profile's ``{"junction": 42, "hbm": [..4]}`` as the 7 sensor types; None = absent."""
     hbm = list(spec.get("hbm", []))
@@ -129,6 +172,8 @@ class FakeAmdSmi:
 
     def __init__(self, profile: str, state_path: str | os.PathLike[str], now: float = 1.7e9):
         self.profile = load_profile(profile)
+        self.name = profile
+        self.abi = abi_release(self.profile)  # the bindings that can read it: see env()
         self.state_path = Path(state_path)
         self._now_ns = round(now * 1e9)  # integer ns: timestamps differ exactly
         self._lock = threading.RLock()
@@ -447,7 +492,7 @@ class FakeAmdSmi:
             return None if c is None else int(c["clk"])
 
         m: dict[str, Any] = {
-            "structure_size": {3: 264, 5: 1040}.get(rev[1], 4544),
+            "structure_size": {3: 264, 5: 1040, 7: 2368}.get(rev[1], 4544),
             "format_revision": rev[0],
             "content_revision": rev[1],
             "temperature_edge": temps[0],
@@ -579,6 +624,14 @@ class FakeAmdSmi:
                 proc["temperatures"] = g["temps"]
                 proc["clocks"] = g["clocks"]
                 proc["gpu_metrics"] = self._metrics(index)
+                if self.abi == "6.4" and "vram_info" in g:
+                    vendor = g["vram_info"].get("vram_vendor")
+                    proc["vram_info"] = {
+                        **g["vram_info"],
+                        "vram_vendor": VRAM_VENDORS_64.get(vendor, VRAM_VENDORS_64["UNKNOWN"])
+                        if isinstance(vendor, str)
+                        else vendor,
+                    }
                 if "pcie_info" in g:
                     proc["pcie_info"] = {**g["pcie_info"], "pcie_bandwidth": g["pcie_gbps"] * 8000}
                 if g["xgmi"]:

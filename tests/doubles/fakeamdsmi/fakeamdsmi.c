@@ -1,8 +1,10 @@
 /*
- * fakeamdsmi: a fake libamd_smi.so (AMD SMI, lib 26.x / ROCm 7.0) that the real Python
- * `amdsmi` 7.0.2 bindings load unchanged (ROCM_PATH=<dir>, <dir>/lib/libamd_smi.so).
+ * fakeamdsmi: a fake libamd_smi.so (AMD SMI, lib 26.x / ROCm 7.0, or lib 25.x / ROCm 6.4 as
+ * the state file's lib_version says) that the real Python `amdsmi` bindings of that release
+ * (7.0.2, 6.4.0) load unchanged (ROCM_PATH=<dir>, <dir>/lib/libamd_smi.so).
  *
- * It exports exactly the 184 symbols amdsmi_wrapper.py binds at import. A few calls are
+ * It exports the 184 symbols the 7.0.2 amdsmi_wrapper.py binds at import, plus the one 6.4.0
+ * binds that 7.0 dropped (amdsmi_get_power_info_v2). A few calls are
  * modelled (see tests/doubles/README.md, "fakeamdsmi"); every other one returns
  * AMDSMI_STATUS_NOT_INIT before amdsmi_init and AMDSMI_STATUS_NOT_SUPPORTED after it, without
  * touching its arguments (as AMD's own mock backend does for what it does not model).
@@ -12,6 +14,7 @@
  *
  * Struct layouts are those of the ctypes definitions in amdsmi_wrapper.py (x86_64, packed
  * like the wrapper's _pack_ = 1 with its explicit PADDING_ fields); _Static_asserts pin them.
+ * Where 6.4's differ (section 1b), the release table (section 2c) picks the layout.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -123,7 +126,9 @@ typedef struct {
 /* amdsmi_bdf_t: one uint64, function bits 0-2, device 3-7, bus 8-15, domain 16-63. */
 typedef uint64_t amdsmi_bdf_t;
 
-/* gpu_metrics as lib 26.x lays it out (a superset of the kernel's gpu_metrics_v1_8). */
+/* gpu_metrics as lib 26.x lays it out (a superset of the kernel's gpu_metrics_v1_8). The
+ * per-partition block (xcp_stats) is the one part that differs between the releases modelled
+ * (section 1b), so the body is written once and instantiated per release. */
 #define MAX_NUM_XCC 8
 #define MAX_NUM_XCP 8
 typedef struct {
@@ -138,51 +143,53 @@ typedef struct {
     uint64_t gfx_below_host_limit_total_acc[MAX_NUM_XCC];
 } __attribute__((packed)) amdsmi_gpu_xcp_metrics_t;
 
-typedef struct {
-    uint16_t structure_size;
-    uint8_t format_revision, content_revision;
-    uint16_t temperature_edge, temperature_hotspot, temperature_mem;
-    uint16_t temperature_vrgfx, temperature_vrsoc, temperature_vrmem;
-    uint16_t average_gfx_activity, average_umc_activity, average_mm_activity;
-    uint16_t average_socket_power;
-    uint64_t energy_accumulator;
-    uint64_t system_clock_counter;
-    uint16_t average_gfxclk_frequency, average_socclk_frequency, average_uclk_frequency;
-    uint16_t average_vclk0_frequency, average_dclk0_frequency, average_vclk1_frequency;
-    uint16_t average_dclk1_frequency;
-    uint16_t current_gfxclk, current_socclk, current_uclk, current_vclk0, current_dclk0;
-    uint16_t current_vclk1, current_dclk1;
-    uint32_t throttle_status;
-    uint16_t current_fan_speed, pcie_link_width, pcie_link_speed;
-    uint8_t padding0[2];
-    uint32_t gfx_activity_acc, mem_activity_acc;
-    uint16_t temperature_hbm[4];
-    uint64_t firmware_timestamp;
-    uint16_t voltage_soc, voltage_gfx, voltage_mem;
-    uint8_t padding1[2];
-    uint64_t indep_throttle_status;
-    uint16_t current_socket_power;
-    uint16_t vcn_activity[4];
-    uint8_t padding2[2];
-    uint32_t gfxclk_lock_status;
-    uint16_t xgmi_link_width, xgmi_link_speed;
-    uint8_t padding3[4];
-    uint64_t pcie_bandwidth_acc, pcie_bandwidth_inst, pcie_l0_to_recov_count_acc;
-    uint64_t pcie_replay_count_acc, pcie_replay_rover_count_acc;
-    uint64_t xgmi_read_data_acc[8], xgmi_write_data_acc[8]; /* KB */
-    uint16_t current_gfxclks[8], current_socclks[4], current_vclk0s[4], current_dclk0s[4];
-    uint16_t jpeg_activity[32];
-    uint32_t pcie_nak_sent_count_acc, pcie_nak_rcvd_count_acc;
-    uint64_t accumulation_counter;
-    uint64_t prochot_residency_acc, ppt_residency_acc, socket_thm_residency_acc;
-    uint64_t vr_thm_residency_acc, hbm_thm_residency_acc;
-    uint16_t num_partition;
-    uint8_t padding4[6];
-    amdsmi_gpu_xcp_metrics_t xcp_stats[MAX_NUM_XCP];
-    uint32_t pcie_lc_perf_other_end_recovery;
-    uint8_t padding5[4];
-    uint64_t vram_max_bandwidth;
+#define GPU_METRICS_BODY(XCP_T)                                                             \
+    uint16_t structure_size;                                                                \
+    uint8_t format_revision, content_revision;                                              \
+    uint16_t temperature_edge, temperature_hotspot, temperature_mem;                        \
+    uint16_t temperature_vrgfx, temperature_vrsoc, temperature_vrmem;                       \
+    uint16_t average_gfx_activity, average_umc_activity, average_mm_activity;               \
+    uint16_t average_socket_power;                                                          \
+    uint64_t energy_accumulator;                                                            \
+    uint64_t system_clock_counter;                                                          \
+    uint16_t average_gfxclk_frequency, average_socclk_frequency, average_uclk_frequency;    \
+    uint16_t average_vclk0_frequency, average_dclk0_frequency, average_vclk1_frequency;     \
+    uint16_t average_dclk1_frequency;                                                       \
+    uint16_t current_gfxclk, current_socclk, current_uclk, current_vclk0, current_dclk0;    \
+    uint16_t current_vclk1, current_dclk1;                                                  \
+    uint32_t throttle_status;                                                               \
+    uint16_t current_fan_speed, pcie_link_width, pcie_link_speed;                           \
+    uint8_t padding0[2];                                                                    \
+    uint32_t gfx_activity_acc, mem_activity_acc;                                            \
+    uint16_t temperature_hbm[4];                                                            \
+    uint64_t firmware_timestamp;                                                            \
+    uint16_t voltage_soc, voltage_gfx, voltage_mem;                                         \
+    uint8_t padding1[2];                                                                    \
+    uint64_t indep_throttle_status;                                                         \
+    uint16_t current_socket_power;                                                          \
+    uint16_t vcn_activity[4];                                                               \
+    uint8_t padding2[2];                                                                    \
+    uint32_t gfxclk_lock_status;                                                            \
+    uint16_t xgmi_link_width, xgmi_link_speed;                                              \
+    uint8_t padding3[4];                                                                    \
+    uint64_t pcie_bandwidth_acc, pcie_bandwidth_inst, pcie_l0_to_recov_count_acc;           \
+    uint64_t pcie_replay_count_acc, pcie_replay_rover_count_acc;                            \
+    uint64_t xgmi_read_data_acc[8], xgmi_write_data_acc[8]; /* KB */                        \
+    uint16_t current_gfxclks[8], current_socclks[4], current_vclk0s[4], current_dclk0s[4];  \
+    uint16_t jpeg_activity[32];                                                             \
+    uint32_t pcie_nak_sent_count_acc, pcie_nak_rcvd_count_acc;                              \
+    uint64_t accumulation_counter;                                                          \
+    uint64_t prochot_residency_acc, ppt_residency_acc, socket_thm_residency_acc;            \
+    uint64_t vr_thm_residency_acc, hbm_thm_residency_acc;                                   \
+    uint16_t num_partition;                                                                 \
+    uint8_t padding4[6];                                                                    \
+    XCP_T xcp_stats[MAX_NUM_XCP];                                                           \
+    uint32_t pcie_lc_perf_other_end_recovery;                                               \
+    uint8_t padding5[4];                                                                    \
+    uint64_t vram_max_bandwidth;                                                            \
     uint16_t xgmi_link_status[8];
+typedef struct {
+    GPU_METRICS_BODY(amdsmi_gpu_xcp_metrics_t)
 } __attribute__((packed)) amdsmi_gpu_metrics_t;
 
 typedef struct {
@@ -338,6 +345,79 @@ _Static_assert(sizeof(amdsmi_power_cap_info_t) == 64, "power_cap_info is 64 byte
 _Static_assert(sizeof(amdsmi_vram_info_t) == 584, "vram_info is 584 bytes");
 _Static_assert(offsetof(amdsmi_vram_info_t, vram_size) == 264, "vram_info.vram_size at 264");
 _Static_assert(sizeof(amdsmi_evt_notification_data_t) == 272, "evt_notification_data is 272 bytes");
+
+/* ---------------------------------------------------------------- 1b. The 6.4 ABI */
+/* What lib 25.x (ROCm 6.4) lays out differently, from the amdsmi 6.4.0 wheel's
+ * amdsmi_wrapper.py. Every other struct the fake writes is laid out alike in 6.4.0 and 7.0.2
+ * (asic_info and proc_info too, but 6.4 has `reserved` where 7.0 has subsystem_id and
+ * cu_occupancy: their field tables, section 2b, leave those out). */
+
+typedef struct {
+    uint32_t gfx_busy_inst[MAX_NUM_XCC];
+    uint16_t jpeg_busy[32]; /* 7.0: 40 */
+    uint16_t vcn_busy[4];
+    uint64_t gfx_busy_acc[MAX_NUM_XCC];
+    uint64_t gfx_below_host_limit_acc[MAX_NUM_XCC];
+    /* 7.0 (gpu_metrics v1.8) adds the ppt/thm/total host-limit and low-utilisation arrays */
+} __attribute__((packed)) amdsmi_gpu_xcp_metrics_v64_t;
+
+typedef struct {
+    GPU_METRICS_BODY(amdsmi_gpu_xcp_metrics_v64_t)
+} __attribute__((packed)) amdsmi_gpu_metrics_v64_t;
+
+typedef struct {
+    uint64_t socket_power;
+    uint32_t current_socket_power;
+    uint32_t average_socket_power;
+    uint32_t gfx_voltage, soc_voltage, mem_voltage; /* 7.0: uint64 */
+    uint32_t power_limit;
+    uint32_t reserved[2];
+} __attribute__((packed)) amdsmi_power_info_v64_t;
+
+typedef struct {
+    uint32_t vram_type;
+    uint32_t vram_vendor; /* amdsmi_vram_vendor_type_t (SAMSUNG 0 ...); 7.0: a string */
+    uint64_t vram_size;   /* MB */
+    uint32_t vram_bit_width;
+    uint8_t padding0[4];
+    uint64_t vram_max_bandwidth;
+    uint64_t reserved[4];
+} __attribute__((packed)) amdsmi_vram_info_v64_t;
+
+typedef struct {
+    uint32_t year; /* kept, deprecated (6.4.0 CHANGELOG); 7.0 drops it */
+    uint32_t major, minor, release;
+    const char *build;
+} __attribute__((packed)) amdsmi_version_v64_t;
+
+typedef struct {
+    amdsmi_processor_handle processor_handle;
+    uint32_t event;
+    char message[96]; /* 7.0: 256 */
+    uint8_t padding0[4];
+} __attribute__((packed)) amdsmi_evt_notification_data_v64_t;
+
+_Static_assert(sizeof(amdsmi_gpu_xcp_metrics_v64_t) == 232, "6.4: xcp_metrics is 232 bytes");
+_Static_assert(offsetof(amdsmi_gpu_xcp_metrics_v64_t, gfx_below_host_limit_acc) == 168,
+               "6.4: xcp_metrics.gfx_below_host_limit_acc at 168");
+_Static_assert(sizeof(amdsmi_gpu_metrics_v64_t) == 2368, "6.4: gpu_metrics is 2368 bytes");
+_Static_assert(offsetof(amdsmi_gpu_metrics_v64_t, xcp_stats) == 480, "6.4: xcp_stats at 480");
+_Static_assert(offsetof(amdsmi_gpu_metrics_v64_t, pcie_lc_perf_other_end_recovery) == 2336,
+               "6.4: pcie_lc_perf_other_end_recovery at 2336");
+_Static_assert(offsetof(amdsmi_gpu_metrics_v64_t, xgmi_link_status) == 2352,
+               "6.4: xgmi_link_status at 2352");
+_Static_assert(sizeof(amdsmi_power_info_v64_t) == 40, "6.4: power_info is 40 bytes");
+_Static_assert(offsetof(amdsmi_power_info_v64_t, power_limit) == 28, "6.4: power_limit at 28");
+_Static_assert(sizeof(amdsmi_vram_info_v64_t) == 64, "6.4: vram_info is 64 bytes");
+_Static_assert(offsetof(amdsmi_vram_info_v64_t, vram_max_bandwidth) == 24,
+               "6.4: vram_info.vram_max_bandwidth at 24");
+_Static_assert(sizeof(amdsmi_version_v64_t) == 24, "6.4: version is 24 bytes");
+_Static_assert(offsetof(amdsmi_version_v64_t, build) == 16, "6.4: version.build at 16");
+_Static_assert(sizeof(amdsmi_evt_notification_data_v64_t) == 112,
+               "6.4: evt_notification_data is 112 bytes");
+/* A 6.4 image is kept in the 7.0-sized buffer of its kind (proc_state). */
+_Static_assert(sizeof(amdsmi_gpu_metrics_v64_t) <= sizeof(amdsmi_gpu_metrics_t), "fits");
+_Static_assert(sizeof(amdsmi_vram_info_v64_t) <= sizeof(amdsmi_vram_info_t), "fits");
 
 /* ---------------------------------------------------------------- 2. A small JSON reader */
 /* Enough for the state file control.py writes: objects, arrays, strings (escapes, \uXXXX in
@@ -570,33 +650,45 @@ static const field xcp_fields[] = {
 #undef X
 };
 
-static const field metrics_fields[] = {
-#define U(f) FU(amdsmi_gpu_metrics_t, f)
-#define A(f) FA(amdsmi_gpu_metrics_t, f)
-    U(structure_size), U(format_revision), U(content_revision), U(temperature_edge),
-    U(temperature_hotspot), U(temperature_mem), U(temperature_vrgfx), U(temperature_vrsoc),
-    U(temperature_vrmem), U(average_gfx_activity), U(average_umc_activity),
-    U(average_mm_activity), U(average_socket_power), U(energy_accumulator),
-    U(system_clock_counter), U(average_gfxclk_frequency), U(average_socclk_frequency),
-    U(average_uclk_frequency), U(average_vclk0_frequency), U(average_dclk0_frequency),
-    U(average_vclk1_frequency), U(average_dclk1_frequency), U(current_gfxclk), U(current_socclk),
-    U(current_uclk), U(current_vclk0), U(current_dclk0), U(current_vclk1), U(current_dclk1),
-    U(throttle_status), U(current_fan_speed), U(pcie_link_width), U(pcie_link_speed),
-    U(gfx_activity_acc), U(mem_activity_acc), A(temperature_hbm), U(firmware_timestamp),
-    U(voltage_soc), U(voltage_gfx), U(voltage_mem), U(indep_throttle_status),
-    U(current_socket_power), A(vcn_activity), U(gfxclk_lock_status), U(xgmi_link_width),
-    U(xgmi_link_speed), U(pcie_bandwidth_acc), U(pcie_bandwidth_inst),
-    U(pcie_l0_to_recov_count_acc), U(pcie_replay_count_acc), U(pcie_replay_rover_count_acc),
-    A(xgmi_read_data_acc), A(xgmi_write_data_acc), A(current_gfxclks), A(current_socclks),
-    A(current_vclk0s), A(current_dclk0s), A(jpeg_activity), U(pcie_nak_sent_count_acc),
-    U(pcie_nak_rcvd_count_acc), U(accumulation_counter), U(prochot_residency_acc),
-    U(ppt_residency_acc), U(socket_thm_residency_acc), U(vr_thm_residency_acc),
-    U(hbm_thm_residency_acc), U(num_partition),
-    FSUB(amdsmi_gpu_metrics_t, xcp_stats, xcp_fields), U(pcie_lc_perf_other_end_recovery),
-    U(vram_max_bandwidth), A(xgmi_link_status), FEND,
+/* The same wrapper field names in both releases; only xcp_stats' element differs. */
+static const field xcp_fields_v64[] = {
+#define X(f) FA(amdsmi_gpu_xcp_metrics_v64_t, f)
+    X(gfx_busy_inst), X(jpeg_busy), X(vcn_busy), X(gfx_busy_acc), X(gfx_below_host_limit_acc), FEND,
+#undef X
+};
+
+#define METRICS_FIELD_LIST(xcp)                                                                    \
+    U(structure_size), U(format_revision), U(content_revision), U(temperature_edge),               \
+    U(temperature_hotspot), U(temperature_mem), U(temperature_vrgfx), U(temperature_vrsoc),        \
+    U(temperature_vrmem), U(average_gfx_activity), U(average_umc_activity),                        \
+    U(average_mm_activity), U(average_socket_power), U(energy_accumulator),                        \
+    U(system_clock_counter), U(average_gfxclk_frequency), U(average_socclk_frequency),             \
+    U(average_uclk_frequency), U(average_vclk0_frequency), U(average_dclk0_frequency),             \
+    U(average_vclk1_frequency), U(average_dclk1_frequency), U(current_gfxclk), U(current_socclk),  \
+    U(current_uclk), U(current_vclk0), U(current_dclk0), U(current_vclk1), U(current_dclk1),       \
+    U(throttle_status), U(current_fan_speed), U(pcie_link_width), U(pcie_link_speed),              \
+    U(gfx_activity_acc), U(mem_activity_acc), A(temperature_hbm), U(firmware_timestamp),           \
+    U(voltage_soc), U(voltage_gfx), U(voltage_mem), U(indep_throttle_status),                      \
+    U(current_socket_power), A(vcn_activity), U(gfxclk_lock_status), U(xgmi_link_width),           \
+    U(xgmi_link_speed), U(pcie_bandwidth_acc), U(pcie_bandwidth_inst),                             \
+    U(pcie_l0_to_recov_count_acc), U(pcie_replay_count_acc), U(pcie_replay_rover_count_acc),       \
+    A(xgmi_read_data_acc), A(xgmi_write_data_acc), A(current_gfxclks), A(current_socclks),         \
+    A(current_vclk0s), A(current_dclk0s), A(jpeg_activity), U(pcie_nak_sent_count_acc),            \
+    U(pcie_nak_rcvd_count_acc), U(accumulation_counter), U(prochot_residency_acc),                 \
+    U(ppt_residency_acc), U(socket_thm_residency_acc), U(vr_thm_residency_acc),                    \
+    U(hbm_thm_residency_acc), U(num_partition),                                                    \
+    FSUB(METRICS_T, xcp_stats, xcp), U(pcie_lc_perf_other_end_recovery),                           \
+    U(vram_max_bandwidth), A(xgmi_link_status)
+#define U(f) FU(METRICS_T, f)
+#define A(f) FA(METRICS_T, f)
+#define METRICS_T amdsmi_gpu_metrics_t
+static const field metrics_fields[] = {METRICS_FIELD_LIST(xcp_fields), FEND};
+#undef METRICS_T
+#define METRICS_T amdsmi_gpu_metrics_v64_t
+static const field metrics_fields_v64[] = {METRICS_FIELD_LIST(xcp_fields_v64), FEND};
+#undef METRICS_T
 #undef U
 #undef A
-};
 
 /* pcie_info's two halves are flattened: the state file names their fields directly. */
 static const field pcie_fields[] = {
@@ -636,13 +728,15 @@ static const field page_fields[] = {
     FU(amdsmi_retired_page_record_t, page_address), FU(amdsmi_retired_page_record_t, page_size),
     FU(amdsmi_retired_page_record_t, status), FEND,
 };
+#define PROC_INFO_FIELD_LIST                                                                       \
+    FS(amdsmi_proc_info_t, name), FU(amdsmi_proc_info_t, pid), FU(amdsmi_proc_info_t, mem),        \
+    FU(amdsmi_proc_info_t, engine_usage.gfx), FU(amdsmi_proc_info_t, engine_usage.enc),            \
+    FU(amdsmi_proc_info_t, memory_usage.gtt_mem), FU(amdsmi_proc_info_t, memory_usage.cpu_mem),    \
+    FU(amdsmi_proc_info_t, memory_usage.vram_mem), FS(amdsmi_proc_info_t, container_name)
 static const field proc_info_fields[] = {
-    FS(amdsmi_proc_info_t, name), FU(amdsmi_proc_info_t, pid), FU(amdsmi_proc_info_t, mem),
-    FU(amdsmi_proc_info_t, engine_usage.gfx), FU(amdsmi_proc_info_t, engine_usage.enc),
-    FU(amdsmi_proc_info_t, memory_usage.gtt_mem), FU(amdsmi_proc_info_t, memory_usage.cpu_mem),
-    FU(amdsmi_proc_info_t, memory_usage.vram_mem), FS(amdsmi_proc_info_t, container_name),
-    FU(amdsmi_proc_info_t, cu_occupancy), FEND,
+    PROC_INFO_FIELD_LIST, FU(amdsmi_proc_info_t, cu_occupancy), FEND,
 };
+static const field proc_info_fields_v64[] = {PROC_INFO_FIELD_LIST, FEND}; /* no cu_occupancy */
 static const field driver_fields[] = {
     FS(amdsmi_driver_info_t, driver_version), FS(amdsmi_driver_info_t, driver_date),
     FS(amdsmi_driver_info_t, driver_name), FEND,
@@ -666,6 +760,91 @@ static const field vram_info_fields[] = {
     FU(amdsmi_vram_info_t, vram_size), FU(amdsmi_vram_info_t, vram_bit_width),
     FU(amdsmi_vram_info_t, vram_max_bandwidth), FEND,
 };
+
+static const field vram_info_fields_v64[] = {
+    FU(amdsmi_vram_info_v64_t, vram_type), FU(amdsmi_vram_info_v64_t, vram_vendor),
+    FU(amdsmi_vram_info_v64_t, vram_size), FU(amdsmi_vram_info_v64_t, vram_bit_width),
+    FU(amdsmi_vram_info_v64_t, vram_max_bandwidth), FEND,
+};
+
+/* Structs the calls write field by field (put_uint/put_str below), per release. */
+#define ASIC_FIELD_LIST                                                                            \
+    FS(amdsmi_asic_info_t, market_name), FU(amdsmi_asic_info_t, vendor_id),                        \
+    FS(amdsmi_asic_info_t, vendor_name), FU(amdsmi_asic_info_t, subvendor_id),                     \
+    FU(amdsmi_asic_info_t, device_id), FU(amdsmi_asic_info_t, rev_id),                             \
+    FS(amdsmi_asic_info_t, asic_serial), FU(amdsmi_asic_info_t, oam_id),                           \
+    FU(amdsmi_asic_info_t, num_of_compute_units), FU(amdsmi_asic_info_t, target_graphics_version)
+static const field asic_fields[] = {ASIC_FIELD_LIST, FU(amdsmi_asic_info_t, subsystem_id), FEND};
+static const field asic_fields_v64[] = {ASIC_FIELD_LIST, FEND}; /* no subsystem_id */
+#define POWER_FIELD_LIST(T)                                                                        \
+    FU(T, socket_power), FU(T, current_socket_power), FU(T, average_socket_power),                 \
+    FU(T, gfx_voltage), FU(T, soc_voltage), FU(T, mem_voltage), FU(T, power_limit), FEND
+static const field power_fields[] = {POWER_FIELD_LIST(amdsmi_power_info_t)};
+static const field power_fields_v64[] = {POWER_FIELD_LIST(amdsmi_power_info_v64_t)};
+static const field version_fields[] = {
+    FU(amdsmi_version_t, major), FU(amdsmi_version_t, minor), FU(amdsmi_version_t, release),
+    FU(amdsmi_version_t, build), FEND,
+};
+static const field version_fields_v64[] = {
+    FU(amdsmi_version_v64_t, year), FU(amdsmi_version_v64_t, major),
+    FU(amdsmi_version_v64_t, minor), FU(amdsmi_version_v64_t, release),
+    FU(amdsmi_version_v64_t, build), FEND,
+};
+#define EVENT_FIELD_LIST(T) FU(T, processor_handle), FU(T, event), FS(T, message), FEND
+static const field event_fields[] = {EVENT_FIELD_LIST(amdsmi_evt_notification_data_t)};
+static const field event_fields_v64[] = {EVENT_FIELD_LIST(amdsmi_evt_notification_data_v64_t)};
+
+/* ---------------------------------------------------------------- 2c. Releases */
+/* The library release a state file declares (its lib_version's major) picks the layout of
+ * every struct that differs between releases; a struct not listed here is laid out alike in
+ * all of them. 7.0 is the default: lib 26.x (ROCm 7.0; the 7.0.2 wheel). 6.4: lib 25.x
+ * (ROCm 6.4.x: 25.3.0 in 6.4.0, per the ROCm 6.4.0 changelog; the 6.4.0 wheel). */
+
+typedef struct {
+    size_t size;
+    const field *fields;
+} layout;
+
+enum { L_ASIC, L_POWER, L_VERSION, L_EVENT, L_PROC_INFO, L_METRICS, L_VRAM_INFO, N_LAYOUTS };
+
+typedef struct {
+    const char *name;
+    uint32_t lib_major;         /* the lib_version major that selects it */
+    int lib_version_needs_init; /* 6.4.0 CHANGELOG: "Removed initialization requirements for
+                                   amdsmi_get_lib_version()" */
+    layout of[N_LAYOUTS];
+} release;
+
+#define LAYOUT(T, fields) {sizeof(T), fields}
+static const release releases[] = {
+    {"7.0", 26, 1, {
+        [L_ASIC] = LAYOUT(amdsmi_asic_info_t, asic_fields),
+        [L_POWER] = LAYOUT(amdsmi_power_info_t, power_fields),
+        [L_VERSION] = LAYOUT(amdsmi_version_t, version_fields),
+        [L_EVENT] = LAYOUT(amdsmi_evt_notification_data_t, event_fields),
+        [L_PROC_INFO] = LAYOUT(amdsmi_proc_info_t, proc_info_fields),
+        [L_METRICS] = LAYOUT(amdsmi_gpu_metrics_t, metrics_fields),
+        [L_VRAM_INFO] = LAYOUT(amdsmi_vram_info_t, vram_info_fields),
+    }},
+    {"6.4", 25, 0, {
+        [L_ASIC] = LAYOUT(amdsmi_asic_info_t, asic_fields_v64),
+        [L_POWER] = LAYOUT(amdsmi_power_info_v64_t, power_fields_v64),
+        [L_VERSION] = LAYOUT(amdsmi_version_v64_t, version_fields_v64),
+        [L_EVENT] = LAYOUT(amdsmi_evt_notification_data_v64_t, event_fields_v64),
+        [L_PROC_INFO] = LAYOUT(amdsmi_proc_info_t, proc_info_fields_v64),
+        [L_METRICS] = LAYOUT(amdsmi_gpu_metrics_v64_t, metrics_fields_v64),
+        [L_VRAM_INFO] = LAYOUT(amdsmi_vram_info_v64_t, vram_info_fields_v64),
+    }},
+};
+#undef LAYOUT
+
+/* The release of a lib_version major: the one that lists it, else 7.0 (the releases
+ * before 6.4, such as mi300x-rocm62's lib 24.x, are not modelled: they get 7.0's ABI). */
+static const release *release_of(uint32_t lib_major) {
+    for (size_t i = 0; i < COUNT(releases); i++)
+        if (releases[i].lib_major == lib_major) return &releases[i];
+    return &releases[0];
+}
 
 /* The JSON key of a field: its name after the last '.' (pcie_static.max_pcie_width is
  * "max_pcie_width"). */
@@ -709,6 +888,24 @@ static int fill(const jparser *jp, const jnode *obj, char *base, const field *fi
         }
     }
     return 0;
+}
+
+/* Write one field of a struct laid out by `fields`, found by name; a field the release's
+ * layout lacks is skipped (6.4's asic_info has no subsystem_id). */
+static const field *field_named(const field *fields, const char *name) {
+    for (const field *f = fields; f->name; f++)
+        if (strcmp(field_key(f), name) == 0) return f;
+    return NULL;
+}
+
+static void set_uint(const layout *l, void *out, const char *name, uint64_t value) {
+    const field *f = field_named(l->fields, name);
+    if (f) memcpy((char *)out + f->offset, &value, f->size); /* little-endian: low bytes */
+}
+
+static void set_str(const layout *l, void *out, const char *name, const char *value) {
+    const field *f = field_named(l->fields, name);
+    if (f) strncpy((char *)out + f->offset, value, f->size - 1);
 }
 
 /* ---------------------------------------------------------------- 3. The state */
@@ -778,12 +975,15 @@ enum {
 /* Each whole struct: its state-file key (null or absent: the call is NOT_SUPPORTED). */
 static const struct {
     const char *key;
-    const field *fields;
+    const field *fields; /* NULL: the release's layout `of` */
+    int of;
     size_t offset, size;
 } image_kinds[N_IMAGES] = {
 #define IMG(key, fields, member) \
-    {key, fields, offsetof(proc_state, member), sizeof(((proc_state *)0)->member)}
-    [IMG_METRICS] = IMG("gpu_metrics", metrics_fields, metrics),
+    {key, fields, -1, offsetof(proc_state, member), sizeof(((proc_state *)0)->member)}
+#define IMG_OF(key, of, member) \
+    {key, NULL, of, offsetof(proc_state, member), sizeof(((proc_state *)0)->member)}
+    [IMG_METRICS] = IMG_OF("gpu_metrics", L_METRICS, metrics),
     [IMG_PCIE] = IMG("pcie_info", pcie_fields, pcie),
     [IMG_XGMI_STATUS] = IMG("xgmi_link_status", xgmi_status_fields, xgmi_status),
     [IMG_LINK_METRICS] = IMG("link_metrics", link_metrics_fields, link_metrics),
@@ -791,8 +991,9 @@ static const struct {
     [IMG_KFD] = IMG("kfd_info", kfd_fields, kfd),
     [IMG_ENUMERATION] = IMG("enumeration_info", enumeration_fields, enumeration),
     [IMG_POWER_CAP] = IMG("power_cap_info", power_cap_fields, power_cap),
-    [IMG_VRAM_INFO] = IMG("vram_info", vram_info_fields, vram_info),
+    [IMG_VRAM_INFO] = IMG_OF("vram_info", L_VRAM_INFO, vram_info),
 #undef IMG
+#undef IMG_OF
 };
 
 /* Events queued by control.py's post_event(): each has a sequence number, so each is
@@ -821,7 +1022,8 @@ static event_state g_pending[MAX_EVENTS];     /* taken, not yet delivered */
 static uint32_t g_npending;
 static int g_evt_registered[MAX_PROCESSORS];  /* amdsmi_init_gpu_event_notification */
 static uint64_t g_evt_mask[MAX_PROCESSORS];
-static amdsmi_version_t g_lib_version;
+static const release *g_rel = &releases[0]; /* of the state file as last read */
+static uint32_t g_lib_version[4]; /* year (6.4 only), major, minor, release */
 static char g_lib_build[STRLEN];
 
 /* Numeric attributes of a processor: a missing key (or null) leaves the all-ones value of its
@@ -869,9 +1071,11 @@ static int parse_bdf(const char *text, uint64_t *bdf) {
     return 0;
 }
 
-static int load_proc_extras(const jparser *jp, const jnode *obj, proc_state *p);
+static int load_proc_extras(const jparser *jp, const jnode *obj, proc_state *p,
+                            const release *rel);
 
-static int load_proc(const jparser *jp, const jnode *obj, proc_state *p, uint32_t index) {
+static int load_proc(const jparser *jp, const jnode *obj, proc_state *p, uint32_t index,
+                     const release *rel) {
     memset(p, 0xFF, sizeof *p);
     p->index = index;
     p->socket = index;
@@ -915,7 +1119,7 @@ static int load_proc(const jparser *jp, const jnode *obj, proc_state *p, uint32_
         cs->locked = (uint8_t)u32_or_ones(jp, v, "clk_locked");
         cs->deep_sleep = (uint8_t)u32_or_ones(jp, v, "clk_deep_sleep");
     }
-    return load_proc_extras(jp, obj, p);
+    return load_proc_extras(jp, obj, p, rel);
 }
 
 /* A list of structs: -1 (the call is NOT_SUPPORTED) for null or absent, else its length. */
@@ -936,17 +1140,20 @@ static int load_list(const jparser *jp, const jnode *list, void *items, size_t s
     return 0;
 }
 
-static int load_proc_extras(const jparser *jp, const jnode *obj, proc_state *p) {
+static int load_proc_extras(const jparser *jp, const jnode *obj, proc_state *p,
+                            const release *rel) {
     for (int i = 0; i < N_IMAGES; i++) {
         char *image = (char *)p + image_kinds[i].offset;
+        int of = image_kinds[i].of;
+        const field *fields = of >= 0 ? rel->of[of].fields : image_kinds[i].fields;
         const jnode *v = jget(jp, obj, image_kinds[i].key);
         memset(image, 0, image_kinds[i].size);
         p->has_image[i] = v && v->type == J_OBJ;
         if (v && v->type != J_OBJ && v->type != J_NULL) return -1;
-        if (p->has_image[i] && fill(jp, v, image, image_kinds[i].fields) != 0) return -1;
+        if (p->has_image[i] && fill(jp, v, image, fields) != 0) return -1;
     }
     if (load_list(jp, jget(jp, obj, "processes"), p->processes, sizeof p->processes[0],
-                  MAX_GPU_PROCESSES, proc_info_fields, &p->nprocesses) != 0 ||
+                  MAX_GPU_PROCESSES, rel->of[L_PROC_INFO].fields, &p->nprocesses) != 0 ||
         load_list(jp, jget(jp, obj, "bad_pages"), p->bad_pages, sizeof p->bad_pages[0],
                   MAX_PAGES, page_fields, &p->nbad_pages) != 0 ||
         load_list(jp, jget(jp, obj, "reserved_pages"), p->reserved_pages,
@@ -1015,11 +1222,9 @@ static int load_globals(const jparser *jp, const jnode *top) {
     g_nevents = n;
     const jnode *version = jget(jp, top, "lib_version");
     const jnode *build = jget(jp, version, "build");
-    g_lib_version.major = u32_or_ones(jp, version, "major");
-    g_lib_version.minor = u32_or_ones(jp, version, "minor");
-    g_lib_version.release = u32_or_ones(jp, version, "release");
+    static const char *const keys[4] = {"year", "major", "minor", "release"};
+    for (int i = 0; i < 4; i++) g_lib_version[i] = u32_or_ones(jp, version, keys[i]);
     snprintf(g_lib_build, sizeof g_lib_build, "%s", build && build->type == J_STR ? build->str : "");
-    g_lib_version.build = g_lib_build;
     return 0;
 }
 
@@ -1050,6 +1255,7 @@ static int load_state(void) {
     int rc = -1;
     static proc_state procs[MAX_PROCESSORS];
     uint32_t n = 0, nsockets = 0;
+    const release *rel = &releases[0];
     if (root >= 0 && !jp.failed) {
         jskip(&jp);
         const jnode *top = &jp.nodes[root];
@@ -1060,9 +1266,10 @@ static int load_state(void) {
                      load_globals(&jp, top) == 0
                  ? 0
                  : -1;
+        rel = release_of(g_lib_version[1]);
         for (const jnode *v = rc == 0 ? jat(&jp, list, 0) : NULL; v;
              v = v->next >= 0 ? &jp.nodes[v->next] : NULL) {
-            if (n == MAX_PROCESSORS || v->type != J_OBJ || load_proc(&jp, v, &procs[n], n) != 0 ||
+            if (n == MAX_PROCESSORS || v->type != J_OBJ || load_proc(&jp, v, &procs[n], n, rel) != 0 ||
                 procs[n].socket >= MAX_PROCESSORS) {
                 rc = -1;
                 break;
@@ -1080,6 +1287,7 @@ static int load_state(void) {
     memcpy(g_procs, procs, sizeof procs);
     g_nprocs = n;
     g_nsockets = nsockets;
+    g_rel = rel;
     for (uint32_t i = 0; i < nsockets; i++) g_sockets[i].index = i;
     g_loaded = st;
     return 0;
@@ -1232,18 +1440,19 @@ EXPORT amdsmi_status_t amdsmi_get_processor_type(amdsmi_processor_handle handle,
 EXPORT amdsmi_status_t amdsmi_get_gpu_asic_info(amdsmi_processor_handle handle,
                                                 amdsmi_asic_info_t *info) {
     ENTER_PROC(handle, info);
-    memset(info, 0, sizeof *info);
-    memcpy(info->market_name, p->market_name, STRLEN);
-    memcpy(info->vendor_name, p->vendor_name, STRLEN);
-    memcpy(info->asic_serial, p->asic_serial, STRLEN);
-    info->vendor_id = p->vendor_id;
-    info->subvendor_id = p->subvendor_id;
-    info->device_id = p->device_id;
-    info->rev_id = p->rev_id;
-    info->oam_id = p->oam_id;
-    info->num_of_compute_units = p->num_compute_units;
-    info->target_graphics_version = p->target_graphics_version;
-    info->subsystem_id = p->subsystem_id;
+    const layout *l = &g_rel->of[L_ASIC];
+    memset(info, 0, l->size);
+    set_str(l, info, "market_name", p->market_name);
+    set_str(l, info, "vendor_name", p->vendor_name);
+    set_str(l, info, "asic_serial", p->asic_serial);
+    set_uint(l, info, "vendor_id", p->vendor_id);
+    set_uint(l, info, "subvendor_id", p->subvendor_id);
+    set_uint(l, info, "device_id", p->device_id);
+    set_uint(l, info, "rev_id", p->rev_id);
+    set_uint(l, info, "oam_id", p->oam_id);
+    set_uint(l, info, "num_of_compute_units", p->num_compute_units);
+    set_uint(l, info, "target_graphics_version", p->target_graphics_version);
+    set_uint(l, info, "subsystem_id", p->subsystem_id); /* 7.0 only */
     return leave(AMDSMI_STATUS_SUCCESS);
 }
 
@@ -1289,18 +1498,40 @@ EXPORT amdsmi_status_t amdsmi_get_gpu_activity(amdsmi_processor_handle handle,
     return leave(AMDSMI_STATUS_SUCCESS);
 }
 
-EXPORT amdsmi_status_t amdsmi_get_power_info(amdsmi_processor_handle handle,
-                                             amdsmi_power_info_t *info) {
-    ENTER_PROC(handle, info);
-    memset(info, 0, sizeof *info);
-    info->socket_power = p->socket_power;
-    info->current_socket_power = p->current_socket_power;
-    info->average_socket_power = p->average_socket_power;
-    info->gfx_voltage = p->gfx_voltage;
-    info->soc_voltage = p->soc_voltage;
-    info->mem_voltage = p->mem_voltage;
-    info->power_limit = p->power_limit;
+static amdsmi_status_t fill_power_info(const proc_state *p, void *info) {
+    const layout *l = &g_rel->of[L_POWER];
+    memset(info, 0, l->size);
+    set_uint(l, info, "socket_power", p->socket_power);
+    set_uint(l, info, "current_socket_power", p->current_socket_power);
+    set_uint(l, info, "average_socket_power", p->average_socket_power);
+    /* uint64 in 7.0, uint32 in 6.4: the profile's 0xFFFF "N/A" fits either */
+    set_uint(l, info, "gfx_voltage", p->gfx_voltage);
+    set_uint(l, info, "soc_voltage", p->soc_voltage);
+    set_uint(l, info, "mem_voltage", p->mem_voltage);
+    set_uint(l, info, "power_limit", p->power_limit);
     return leave(AMDSMI_STATUS_SUCCESS);
+}
+
+EXPORT amdsmi_status_t amdsmi_get_power_info(amdsmi_processor_handle handle, void *info) {
+    ENTER_PROC(handle, info);
+    return fill_power_info(p, info);
+}
+
+/* What the 6.4.0 bindings' amdsmi_get_power_info(handle, sensor_ind=0) calls (7.0 dropped
+ * it). One power sensor per GPU, as for the power cap: another index is NOT_SUPPORTED (a
+ * guess). Its faults are those of amdsmi_get_power_info: fail() and a secondary partition's
+ * NOT_SUPPORTED apply to either entry point. */
+EXPORT amdsmi_status_t amdsmi_get_power_info_v2(amdsmi_processor_handle handle,
+                                                uint32_t sensor_ind, void *info) {
+    amdsmi_status_t s = enter();
+    if (s != AMDSMI_STATUS_SUCCESS) return s;
+    if (!info) return leave(AMDSMI_STATUS_INVAL);
+    proc_state *p = proc_of(handle);
+    if (!p) return leave(AMDSMI_STATUS_INVAL);
+    s = gate(p, "amdsmi_get_power_info");
+    if (s != AMDSMI_STATUS_SUCCESS) return leave(s);
+    if (sensor_ind != 0) return leave(AMDSMI_STATUS_NOT_SUPPORTED);
+    return fill_power_info(p, info);
 }
 
 EXPORT amdsmi_status_t amdsmi_get_energy_count(amdsmi_processor_handle handle, uint64_t *energy,
@@ -1344,7 +1575,9 @@ EXPORT amdsmi_status_t amdsmi_get_clock_info(amdsmi_processor_handle handle, uin
 
 static amdsmi_status_t copy_image(const proc_state *p, int kind, void *out) {
     if (!p->has_image[kind]) return leave(AMDSMI_STATUS_NOT_SUPPORTED);
-    memcpy(out, (const char *)p + image_kinds[kind].offset, image_kinds[kind].size);
+    int of = image_kinds[kind].of;
+    size_t size = of >= 0 ? g_rel->of[of].size : image_kinds[kind].size;
+    memcpy(out, (const char *)p + image_kinds[kind].offset, size);
     return leave(AMDSMI_STATUS_SUCCESS);
 }
 
@@ -1498,12 +1731,22 @@ EXPORT amdsmi_status_t amdsmi_topo_get_link_type(amdsmi_processor_handle src,
     return leave(AMDSMI_STATUS_SUCCESS);
 }
 
-/* amd_smi.cc: AMDSMI_CHECK_INIT first; build points at a static string. */
-EXPORT amdsmi_status_t amdsmi_get_lib_version(amdsmi_version_t *version) {
-    amdsmi_status_t s = enter();
-    if (s != AMDSMI_STATUS_SUCCESS) return s;
+/* amd_smi.cc (6.3-dev): AMDSMI_CHECK_INIT first; 6.4 removed that (its CHANGELOG), so before
+ * init the fake reads the state file to learn its release (and answers NOT_INIT for 7.0, as
+ * before). `build` points at a static string. */
+EXPORT amdsmi_status_t amdsmi_get_lib_version(void *version) {
+    pthread_mutex_lock(&g_lock);
+    if (g_refcount > 0) maybe_reload();
+    else if (load_state() != 0 || g_rel->lib_version_needs_init)
+        return leave(AMDSMI_STATUS_NOT_INIT);
     if (!version) return leave(AMDSMI_STATUS_INVAL);
-    *version = g_lib_version;
+    const layout *l = &g_rel->of[L_VERSION];
+    memset(version, 0, l->size);
+    set_uint(l, version, "year", g_lib_version[0]); /* 6.4 only */
+    set_uint(l, version, "major", g_lib_version[1]);
+    set_uint(l, version, "minor", g_lib_version[2]);
+    set_uint(l, version, "release", g_lib_version[3]);
+    set_uint(l, version, "build", (uintptr_t)g_lib_build);
     return leave(AMDSMI_STATUS_SUCCESS);
 }
 
@@ -1556,7 +1799,7 @@ static void take_events(void) {
 /* Polls every registered GPU (not one handle) for up to timeout_ms; NO_DATA when nothing came
  * (rocm_smi's rsmi_event_notification_get). The lock is not held while waiting. */
 EXPORT amdsmi_status_t amdsmi_get_gpu_event_notification(int32_t timeout_ms, uint32_t *num,
-                                                         amdsmi_evt_notification_data_t *data) {
+                                                         void *data) {
     amdsmi_status_t s = enter();
     if (s != AMDSMI_STATUS_SUCCESS) return s;
     if (!num || !data) return leave(AMDSMI_STATUS_INVAL);
@@ -1576,11 +1819,13 @@ EXPORT amdsmi_status_t amdsmi_get_gpu_event_notification(int32_t timeout_ms, uin
         maybe_reload();
     }
     uint32_t n = *num < g_npending ? *num : g_npending;
+    const layout *l = &g_rel->of[L_EVENT]; /* 6.4: 112 bytes, a 96-byte message */
     for (uint32_t i = 0; i < n; i++) {
-        memset(&data[i], 0, sizeof data[i]);
-        data[i].processor_handle = &g_procs[g_pending[i].processor];
-        data[i].event = g_pending[i].event;
-        memcpy(data[i].message, g_pending[i].message, sizeof data[i].message);
+        char *entry = (char *)data + i * l->size;
+        memset(entry, 0, l->size);
+        set_uint(l, entry, "processor_handle", (uintptr_t)&g_procs[g_pending[i].processor]);
+        set_uint(l, entry, "event", g_pending[i].event);
+        set_str(l, entry, "message", g_pending[i].message);
     }
     memmove(g_pending, g_pending + n, (g_npending - n) * sizeof g_pending[0]);
     g_npending -= n;
@@ -1716,7 +1961,6 @@ static amdsmi_status_t unmodelled(void) {
     X(amdsmi_get_hsmp_metrics_table_version) \
     X(amdsmi_get_link_topology_nearest) \
     X(amdsmi_get_minmax_bandwidth_between_processors) \
-    X(amdsmi_get_power_info_v2) \
     X(amdsmi_get_processor_count_from_handles) \
     X(amdsmi_get_processor_handle_from_bdf) \
     X(amdsmi_get_processor_handles_by_type) \
