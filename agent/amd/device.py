@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -138,7 +138,9 @@ def _raw(lib: AmdSmi, function: str, *args: Any) -> None:
 def discover(lib: AmdSmi, index: int, handles: Sequence[Any], sysfs: Path) -> Device:
     """A GPU's identity from its processors (raises AmdSmiCallError if it does not
     answer). Handles are ordered by XCP: the partition id the kernel gives each."""
-    processors = sorted((_processor(lib, h) for h in handles), key=lambda p: p.partition_id)
+    processors = distinct(
+        sorted((_processor(lib, h) for h in handles), key=lambda p: p.partition_id)
+    )
     h = processors[0].handle
     asic = lib.call("amdsmi_get_gpu_asic_info", h)
     gfx = str(asic.get("target_graphics_version", ""))
@@ -189,6 +191,22 @@ def _processor(lib: AmdSmi, handle: Any) -> Processor:
         partition_id=int(partition) if partition is not None else 0,
         render_minor=int(render) if render is not None else None,
     )
+
+
+def distinct(processors: Sequence[Processor]) -> list[Processor]:
+    """Processors with one UUID each. Before ROCm 7.0 every partition of a GPU reports the
+    GPU's UUID; there the first keeps it (it is the GPU's) and the others are named
+    `<uuid>-xcp<N>`, so attribution can tell them apart. A release with one UUID per
+    partition is left as it is."""
+    seen: set[str] = set()
+    out = []
+    for p in processors:
+        uuid = p.uuid
+        if uuid in seen:
+            uuid = f"{p.uuid}-xcp{p.partition_id}"
+        seen.add(uuid)
+        out.append(replace(p, uuid=uuid) if uuid != p.uuid else p)
+    return out
 
 
 def xcp_devices(sysfs: Path) -> dict[int, str]:
@@ -291,7 +309,7 @@ def read(
     power = lib.query("amdsmi_get_power_info", h) or {}
     pcie = lib.query("amdsmi_get_pcie_info", h) or {}
     metric, static = pcie.get("pcie_metric", {}), pcie.get("pcie_static", {})
-    links = _links(lib, h)
+    links = xgmi_links(lib, h)
     used, total = number(vram.get("vram_used")), number(vram.get("vram_total"))
     used_bytes = int(used) * MIB if used is not None else None
     total_bytes = int(total) * MIB if total else None
@@ -451,7 +469,7 @@ def _pair(current: Any, maximum: Any) -> dict[str, int]:
     return found
 
 
-def _links(lib: AmdSmi, h: Any) -> tuple[InterconnectLink, ...]:
+def xgmi_links(lib: AmdSmi, h: Any) -> tuple[InterconnectLink, ...]:
     """XGMI links: state from the link status, cumulative data from the link metrics.
     The 7.0.2 bindings read 8 of the library's 64 link slots: an MI300X has 7 peers plus
     one unused slot, so nothing is lost on today's platforms."""

@@ -8,6 +8,13 @@ ROCm as absent in one line, never importing the package there. The import happen
 `init`, on the source's thread, never when the agent starts: a GPU-only NVIDIA agent pays
 nothing for it.
 
+The bindings and the library must be of one ROCm release: the bindings lay out the structs
+the library fills (a gpu_metrics table is 2,368 bytes in ROCm 6.4 and 4,544 in 7.0), and a
+mismatched pair reads garbage, not an error. So the node's own bindings come first where its
+ROCm has them (`$ROCM_PATH/share/amd_smi`, what ROCm's `amd-smi-lib` package installs),
+else the image's; and the pair is checked before any reading (`check_release`): a library
+of another release than the bindings' is refused in one line naming both.
+
 Every call goes through `call` (raises `AmdSmiCallError` with the status) or `query` (None
 where the device or release does not support it, or the agent may not ask); both record
 which library function each thread is in, so a GPU stuck in a call is reported with the
@@ -22,6 +29,7 @@ import importlib.util
 import io
 import logging
 import os
+import sys
 import threading
 from collections import Counter
 from collections.abc import Mapping
@@ -80,6 +88,11 @@ NOT_SUPPORTED = 2
 NOT_YET_IMPLEMENTED = 3
 NO_PERM = 10
 MISSING = -1  # not a library status: the installed bindings have no such function
+
+# The bindings' release (major, minor) -> the release number its library reports first
+# (`amdsmi_get_lib_version`: 7.0's `major`, 6.4's `year`; ROCm 7.0 ships library 26.x,
+# ROCm 6.4 library 25.x). Releases not listed are not checked (one line says so).
+LIBRARY_RELEASE: Mapping[tuple[int, int], int] = {(7, 0): 26, (7, 1): 26, (6, 4): 25}
 # Answers that mean "this device, release or agent cannot have it": the series is absent.
 UNAVAILABLE = frozenset({NOT_SUPPORTED, NOT_YET_IMPLEMENTED, NO_PERM, MISSING})
 
@@ -129,6 +142,8 @@ class AmdSmi:
         self.errors: Counter[tuple[str, str]] = Counter()
         self.bindings_version = ""
         self.path: Path | None = None
+        self.library_version = ""  # as the library reports it, e.g. 26.0.0
+        self.node_bindings: Path | None = None  # the node's ROCm bindings, when used
 
     @property
     def initialized(self) -> bool:
@@ -154,6 +169,9 @@ class AmdSmi:
             raise SourceAbsent(
                 f"AMD SMI library {LIBRARY} not found (ROCM_PATH={rocm}): no ROCm on this host"
             )
+        self.node_bindings = node_bindings()
+        if self.node_bindings is not None and str(self.node_bindings) not in sys.path:
+            sys.path.insert(0, str(self.node_bindings))
         printed = io.StringIO()
         try:
             # The wrapper prints why a load failed to stdout, which is the agent's log.
@@ -172,6 +190,11 @@ class AmdSmi:
             raise SourceUnavailable(f"AMD SMI init failed: {status_name(code)}") from exc
         self.bindings_version = str(getattr(module, "__version__", ""))
         self._m = module
+        try:
+            check_release(self)
+        except SourceUnavailable:
+            self.shutdown()
+            raise
 
     def shutdown(self) -> None:
         module, self._m = self._m, None
@@ -224,3 +247,52 @@ def number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return float(value)
+
+
+def node_bindings(env: Mapping[str, str] | None = None) -> Path | None:
+    """The directory holding the node's own `amdsmi` package, where its ROCm installed one
+    (`<ROCM_PATH>/share/amd_smi/amdsmi`): bindings of the library's own release."""
+    env = os.environ if env is None else env
+    root = env.get("ROCM_HOME") or env.get("ROCM_PATH")
+    if not root:
+        return None
+    candidate = Path(root) / "share" / "amd_smi"
+    return candidate if (candidate / "amdsmi" / "__init__.py").is_file() else None
+
+
+def release_of(version: Mapping[str, Any]) -> tuple[int | None, str]:
+    """The library's release number (`major`: 26 in ROCm 7.0, 25 in 6.4, whose struct also
+    has a deprecated `year` first) and its version as text, from
+    `amdsmi_get_lib_version()`'s dict."""
+    parts = [version.get(k) for k in ("major", "minor", "release")]
+    text = ".".join(str(p) for p in parts if isinstance(p, int))
+    return (parts[0] if isinstance(parts[0], int) else None), text
+
+
+def check_release(lib: AmdSmi) -> None:
+    """Refuse a library of another ROCm release than the bindings' (see the module's
+    docstring); record the library's version."""
+    version = lib.query("amdsmi_get_lib_version") or {}
+    first, lib.library_version = release_of(version)
+    parts = lib.bindings_version.split(".")
+    key = (
+        (int(parts[0]), int(parts[1]))
+        if len(parts) > 1 and parts[0].isdigit() and parts[1].isdigit()
+        else None
+    )
+    expected = LIBRARY_RELEASE.get(key) if key is not None else None
+    if expected is None or first is None:
+        log.info(
+            "AMD SMI: amdsmi %s with library %s: pairing not checked (unknown release)",
+            lib.bindings_version or "(version unknown)",
+            lib.library_version or "(version unknown)",
+        )
+        return
+    if first != expected:
+        where = f"the node's {lib.node_bindings}" if lib.node_bindings else "the image's"
+        raise SourceUnavailable(
+            f"AMD SMI library {lib.library_version} ({lib.path}) is not of the release of "
+            f"{where} amdsmi {lib.bindings_version} bindings (library {expected}.x): their "
+            "structs differ; mount a ROCm whose share/amd_smi holds its own bindings, or run "
+            "an image with matching amdsmi"
+        )

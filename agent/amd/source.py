@@ -90,10 +90,7 @@ class AmdSource:
 
     def _discover(self) -> None:
         lib = self.lib
-        version = lib.query("amdsmi_get_lib_version") or {}
-        if version:
-            parts = [str(version.get(k, "")) for k in ("major", "minor", "release")]
-            self.library_version = ".".join(p for p in parts if p)
+        self.library_version = lib.library_version
         self.devices = []
         self._pending = {}
         for index, handles in enumerate(dev.processors_by_socket(lib)):

@@ -320,7 +320,7 @@ def check_xgmi(lib: AmdSmi, devices: Sequence[dev.Device], window: float) -> Che
         return not_checked("amd_xgmi", "no XGMI link status (no hive, or the release lacks it)")
 
     def totals(d: dev.Device) -> tuple[float | None, float | None]:
-        links = dev._links(lib, d.primary)
+        links = dev.xgmi_links(lib, d.primary)
         per_link = sum(link.transmit_bytes or 0 for link in links) if links else None
         acc = _metrics(lib, d.primary).get("xgmi_write_data_acc")
         accs = [v for v in (number(x) for x in (acc or [])) if v is not None]
@@ -332,7 +332,7 @@ def check_xgmi(lib: AmdSmi, devices: Sequence[dev.Device], window: float) -> Che
     per_gpu: dict[str, Any] = {}
     problems: list[str] = []
     for d in devices:
-        links = dev._links(lib, d.primary)
+        links = dev.xgmi_links(lib, d.primary)
         (l0, a0), (l1, a1) = before[d.identity.uuid], after[d.identity.uuid]
         grew_links = l1 - l0 if l0 is not None and l1 is not None else None
         grew_acc = a1 - a0 if a0 is not None and a1 is not None else None

@@ -231,3 +231,27 @@ def test_a_gpu_that_does_not_answer_at_start_is_found_later(amd_inprocess) -> No
     assert m.value("gpuscope_gpu_up", uuid=h.fake.gpu(4)["uuid"]) == 1.0
     h.advance(2)
     assert h.scrape().get("gpuscope_gpu_busy_seconds_total", gpu="4") is not None
+
+
+def test_a_library_of_another_release_than_the_bindings_is_refused_in_one_line(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """ROCm 6.4's library under 7.0.2's bindings: their structs differ, so every reading
+    would be garbage. The collector refuses before reading anything, naming both."""
+    from tests.doubles.fakeamdsmi import control
+    from tests.support import start_amd_inprocess
+
+    if control.bindings_release() != "7.0":
+        pytest.skip("the pairing refused here is 7.0.2's bindings with a ROCm 6.4 library")
+    for name in ("ROCM_PATH", "ROCM_HOME", control.STATE_ENV):
+        monkeypatch.setenv(name, "")
+    caplog.set_level(logging.ERROR)
+    h = start_amd_inprocess(tmp_path, "mi300x-rocm64")
+    try:
+        m = h.scrape()
+    finally:
+        h.agent.stop()
+    assert m.value("gpuscope_collector_success", collector="amd") == 0.0
+    assert "gpuscope_gpu_info" not in m.names()
+    (line,) = {r.getMessage() for r in caplog.records if "is not of the release" in r.getMessage()}
+    assert "library 25." in line and "amdsmi 7.0.2" in line  # as misread through 7.0 structs

@@ -1350,6 +1350,12 @@ EXPORT amdsmi_status_t amdsmi_init(uint64_t flags) {
         for (uint32_t i = 0; i < MAX_PROCESSORS; i++) g_hidden[i] = i < g_nprocs && g_procs[i].lost;
         memset(g_evt_registered, 0, sizeof g_evt_registered);
         g_npending = 0;
+        /* A new session (in one process, a test's next agent) starts from the file it reads:
+         * events listed before it were raised before any GPU was registered, so the kernel
+         * never queued them, whatever an earlier session took. */
+        g_event_seen = 0;
+        for (uint32_t i = 0; i < g_nevents; i++)
+            if (g_events[i].seq > g_event_seen) g_event_seen = g_events[i].seq;
     }
     g_refcount++;
     return leave(AMDSMI_STATUS_SUCCESS);

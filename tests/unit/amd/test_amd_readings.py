@@ -99,3 +99,11 @@ def test_interconnect_is_xgmi_only_when_every_pair_is_directly_linked() -> None:
     assert interconnect(snapshot(some)) == "xgmi-partial"
     assert interconnect(snapshot({p: GpuLink("pcie", 2) for p in pairs})) == "pcie"
     assert interconnect(snapshot({})) == "pcie"  # nothing known: no claim of a fabric
+
+
+def test_partitions_that_share_their_gpus_uuid_get_names_of_their_own() -> None:
+    """Before ROCm 7.0 every XCP reports the socket's UUID."""
+    shared = [dev.Processor(None, "u", "0000:05:00.0", i, 128 + i) for i in range(3)]
+    assert [p.uuid for p in dev.distinct(shared)] == ["u", "u-xcp1", "u-xcp2"]
+    own = [dev.Processor(None, f"u{i}", "0000:05:00.0", i, 128 + i) for i in range(3)]
+    assert dev.distinct(own) == own
