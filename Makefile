@@ -53,7 +53,7 @@ $(FAKEAMDSMI_LIB): tests/doubles/fakeamdsmi/fakeamdsmi.c $(BUILD)/.deps-stamp
 kernel: deps
 	@bash scripts/setup-kernel.sh $(BUILD)/kernel-headers
 
-demo: venv fakenvml kernel
+demo: venv fakenvml fakeamdsmi kernel
 	@$(PY) scripts/demo.py $(DEMO_ARGS)
 
 lint: venv

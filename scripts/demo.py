@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """`make demo`: gpuscope on a simulated 8x H100 node with a scripted, changing workload.
 
-The fake NVML library plays the GPUs (tests/doubles/fakenvml); tests/doubles/simnode.py
+The fake NVML library plays the GPUs (tests/doubles/fakenvml), or, for a profile of the
+fake AMD SMI library (`--profile mi300x`: tests/doubles/fakeamdsmi/profiles), AMD Instinct
+GPUs the agent reads with its `amd` collector, held by pods as `amd.com/gpu`;
+tests/doubles/simnode.py
 plays the rest of a Kubernetes node: real processes in kubelet-style cgroups as the pods'
 containers, a real PodResources gRPC server as the kubelet, an API server double holding the
 Pod objects, and real TCP traffic between the pods. The agent is the real `gpuscope`
@@ -37,9 +40,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.doubles.fakenvml.control import FakeNvml, ensure_built  # noqa: E402
+from tests.doubles.fakeamdsmi import control as amd_control  # noqa: E402
+from tests.doubles.fakeamdsmi.control import FakeAmdSmi  # noqa: E402
+from tests.doubles.fakenvml import control as nvml_control  # noqa: E402
+from tests.doubles.fakenvml.control import FakeNvml  # noqa: E402
 from tests.doubles.kube_apiserver import owner_reference  # noqa: E402
 from tests.doubles.podcgroups import block_device_file  # noqa: E402
+from tests.doubles.simgpus import GpuBackend, backend_for  # noqa: E402
 from tests.doubles.simnode import ContainerSpec, SimNode  # noqa: E402
 from tests.support.promtext import Exposition  # noqa: E402
 
@@ -153,15 +160,16 @@ def schedule_late_rank(node: SimNode, stop: threading.Event) -> None:
     with node.batch():
         for name in (MASTER, LATE_RANK):
             node.set_usage(TRAINING, name, sm_util=TRAIN_SM)
-        for gpu in range(4):  # after set_usage, which sets the GPUs' sums
-            node.fake.set_utilization_pattern(gpu, TRAIN_PATTERN)
+        if node.gpus.vendor == "nvidia":  # AMD's fake has no pattern: the average holds
+            for gpu in range(4):  # after set_usage, which sets the GPUs' sums
+                node.fake.set_utilization_pattern(gpu, TRAIN_PATTERN)
     master, worker = f"{TRAINING}/{MASTER}", f"{TRAINING}/{LATE_RANK}"
     node.start_traffic(master, worker, rate=RANK_RATE)
     node.start_traffic(worker, master, rate=RANK_RATE)
 
 
 def script_workload(
-    fake: FakeNvml, node: SimNode | None, stop: threading.Event, watching: threading.Event
+    gpus: GpuBackend, node: SimNode | None, stop: threading.Event, watching: threading.Event
 ) -> None:
     """A node the way it looks in practice: one busy job, one bursty, idle reservations.
 
@@ -170,8 +178,13 @@ def script_workload(
     its processes report), its late rank once the agent watches (`watching`), and the
     inference load's drift.
     """
-    with fake.batch():
-        if node is None:
+    fake = gpus.fake
+    with gpus.batch():
+        if node is None and gpus.vendor == "amd":
+            for gpu, (busy, mem_gib) in enumerate([(70, 62)] * 4 + [(35, 18)] * 2 + [(0, 21)]):
+                fake.set_activity(gpu, busy, umc=busy // 2)
+                fake.set_vram_used(gpu, mem_gib * 1024)
+        elif node is None:
             # GPUs 0-3: a data-parallel training job; compute bursts with all-reduce stalls.
             for gpu in range(4):
                 fake.set_utilization_pattern(gpu, TRAIN_PATTERN)
@@ -198,15 +211,20 @@ def script_workload(
         phase = (time.monotonic() - t0) / 60.0 * 2 * math.pi
         # One state-file write for both GPUs. With pods the node's batch takes its lock before
         # the fake's, the one order (set_usage inside fake.batch() would deadlock remove_pod).
-        with node.batch() if node is not None else fake.batch():
+        with node.batch() if node is not None else gpus.batch():
             for gpu, name in zip((4, 5), SERVING[1], strict=True):
                 load = max(0.0, min(100.0, 45 + 35 * math.sin(phase + gpu) + rng.uniform(-5, 5)))
                 if node is not None:
                     node.set_usage(SERVING[0], name, sm_util=load, mem_util=load / 3)
+                elif gpus.vendor == "amd":
+                    fake.set_activity(gpu, round(load), umc=round(load / 3))
                 else:
                     fake.set_utilization(gpu, load, load / 3)
         if tick % 6 == 0:
-            fake.inject_xid(5, 31)  # an application's illegal memory access
+            if gpus.vendor == "amd":
+                fake.post_event(5, "vmfault", "page fault in the inference server")
+            else:
+                fake.inject_xid(5, 31)  # an application's illegal memory access
 
 
 def free_port(preferred: int) -> int:
@@ -248,6 +266,7 @@ def summary(now: Exposition, before: Exposition | None, elapsed: float) -> str:
         power = get("gpuscope_gpu_power_watts")
         temp = get("gpuscope_gpu_temperature_celsius", sensor="gpu")
         xids = sum(now.series("gpuscope_gpu_xid_errors_total", gpu=gpu).values())
+        xids += sum(now.series("gpuscope_gpu_events_total", gpu=gpu).values())  # AMD's
         rows.append(
             f"{gpu:>3}  {models[gpu][:22]:<22} {int(get('gpuscope_gpu_up') or 0):>2} "
             f"{(util or 0):5.0%} {avg} {used / GIB:6.1f}/{total / GIB:5.1f} GiB "
@@ -456,10 +475,13 @@ def pods_summary(now: Exposition, before: Exposition | None, elapsed: float) -> 
     return "\n".join(rows)
 
 
-def agent_flags(node: SimNode | None) -> list[str]:
-    """Point the agent at the simulated kubelet and API server (flags it knows, if any)."""
+def agent_flags(node: SimNode | None, gpus: GpuBackend) -> list[str]:
+    """Point the agent at the simulated kubelet and API server (flags it knows, if any); on
+    AMD at the GPUs' sysfs too."""
+    sysfs = node.sysfs if node is not None else getattr(gpus, "sysfs", None)
+    extra = ["--sysfs", str(sysfs)] if sysfs is not None else []
     if node is None:
-        return []
+        return extra
     known = subprocess.run(
         [sys.executable, "-m", "gpuscope", "--help"],
         cwd=REPO, capture_output=True, text=True, check=False,
@@ -472,12 +494,16 @@ def agent_flags(node: SimNode | None) -> list[str]:
     args = [x for flag, value in flags if flag in known for x in (flag, value)]
     if "--kubelet-socket" not in known:
         print("demo: this agent has no --kubelet-socket yet: no pod attribution", file=sys.stderr)
-    return args
+    return [*extra, *args]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--profile", default="dgx-h100")
+    parser.add_argument(
+        "--profile", default="dgx-h100",
+        help="a fake NVML profile (tests/doubles/fakenvml/profiles) or a fake AMD SMI one "
+        "(tests/doubles/fakeamdsmi/profiles: mi300x, mi300x-cpx, mi250x, ...)",
+    )  # fmt: skip
     parser.add_argument("--port", type=int, default=int(os.environ.get("DEMO_PORT", "19400")))
     parser.add_argument("--duration", type=float, default=0, help="seconds; 0 = until Ctrl-C")
     parser.add_argument("--every", type=float, default=5.0, help="seconds between tables")
@@ -512,45 +538,60 @@ def shard_file(state_dir: Path) -> Path | None:
     return None
 
 
+def make_fake(profile: str, state_dir: Path) -> FakeNvml | FakeAmdSmi:
+    """The fake library of the profile's vendor: AMD's for a fakeamdsmi profile (its clock
+    at the real time, which the node's backend then follows), else NVIDIA's."""
+    if profile in amd_control.list_profiles():
+        amd_control.ensure_built()
+        return FakeAmdSmi(profile, state_dir / "amd-state", now=time.time())
+    nvml_control.ensure_built()
+    return FakeNvml(profile, state_dir / "state")
+
+
 def demo(args: argparse.Namespace) -> int:
-    ensure_built()
     state_dir: Path = args.state_dir
     state_dir.mkdir(parents=True, exist_ok=True)
-    fake = FakeNvml(args.profile, state_dir / "state")
+    fake = make_fake(args.profile, state_dir)
     stop = threading.Event()
     watching = threading.Event()  # the agent's first scrape is done: its watch began
     with contextlib.ExitStack() as cleanup:
         node: SimNode | None = None
+        gpus: GpuBackend | None = None
         if os.geteuid() != 0:
             print("demo: not root, so no simulated pods (they need cgroups)", file=sys.stderr)
-        elif fake.gpu_count() < 8:
-            print(f"demo: {args.profile} has under 8 GPUs: no simulated pods", file=sys.stderr)
+        elif (count := fake.gpu_count if isinstance(fake, FakeAmdSmi) else fake.gpu_count()) < 8:
+            print(f"demo: {args.profile} has {count} GPUs, under 8: no simulated pods",
+                  file=sys.stderr)  # fmt: skip
         else:
             shard = shard_file(state_dir)
             if shard is not None:
                 cleanup.callback(shard.unlink, missing_ok=True)
             node = cleanup.enter_context(SimNode(fake, state_dir / "node"))
+            gpus = node.gpus
             build_pods(node, shard)
+        if gpus is None:  # GPUs only; AMD's still needs its clock moved
+            gpus = backend_for(fake, state_dir / "sys")
+            cleanup.callback(gpus.close)
         script = threading.Thread(
-            target=script_workload, args=(fake, node, stop, watching), daemon=True
+            target=script_workload, args=(gpus, node, stop, watching), daemon=True
         )
         script.start()
         cleanup.callback(script.join, 10)
         cleanup.callback(stop.set)
         cleanup.callback(_shield)  # first of the clean-up: nothing may cut it short
-        return run_agent(args, fake, node, stop, watching)
+        return run_agent(args, gpus, node, stop, watching)
     return 0
 
 
 def run_agent(
     args: argparse.Namespace,
-    fake: FakeNvml,
+    gpus: GpuBackend,
     node: SimNode | None,
     stop: threading.Event,
     watching: threading.Event,
 ) -> int:
     port = free_port(args.port)
-    env = os.environ | fake.env()
+    env = os.environ | gpus.fake.env()
     if node is not None:
         env["NODE_NAME"] = node.node_name
     agent = subprocess.Popen(
@@ -564,7 +605,7 @@ def run_agent(
             str(REPO / "build" / "kernel-headers" / "debian"),
             "--labels-mode",
             "none",  # the node's labels are not published here; `gpuscope labels` shows them
-            *agent_flags(node),
+            *agent_flags(node, gpus),
         ],
         cwd=REPO,
         env=env,

@@ -84,9 +84,13 @@ class Accounts:
             # A pod whose name the API never gave cannot be compared: not counted.
         now, monotonic = self._clock.time(), self._clock.monotonic()
         parts = {p.uuid: (r, p) for r in readings for p in r.partitions}
-        by_device: dict[str, list[GpuHolding]] = dict(holders)
-        for h in (h for hs in holders.values() for h in hs if h.mig_uuid):
-            by_device.setdefault(h.mig_uuid, []).append(h)
+        # Copies: an AMD GPU's first partition may share its GPU's UUID, so a holding can be
+        # added to the very list being walked (which then never ends).
+        by_device: dict[str, list[GpuHolding]] = {u: list(hs) for u, hs in holders.items()}
+        for h in [h for hs in holders.values() for h in hs if h.mig_uuid]:
+            held = by_device.setdefault(h.mig_uuid, [])
+            if h not in held:
+                held.append(h)
         last_active = self.mig_active.update({u: p for u, (_, p) in parts.items()}, now)
         mig_inputs = [
             GpuIdleInput(u, p.idle_seconds, last_active.get(u), p.share)

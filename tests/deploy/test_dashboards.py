@@ -53,6 +53,8 @@ SAMPLE_VALUES = {
     "cluster": ".*",
     "node": "node-a",
     "gpu": ".*",
+    "vendor": ".*",
+    "model": ".*",
     "namespace": "ml-team",
     "workload": "llama-ft",
     "__rate_interval": "1m",

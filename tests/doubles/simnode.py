@@ -19,6 +19,11 @@ Every part the agent reads is real or speaks the real protocol:
 * NVML is the fake library (tests/doubles/fakenvml): every GPU a container uses lists its pid as a
   compute process with the given memory and SM utilization. With `manage_devices` (default)
   a GPU's memory used and utilization are kept equal to the sums over its processes.
+* or the node's GPUs are AMD's, on the fake AMD SMI library (tests/doubles/fakeamdsmi): give
+  SimNode a `FakeAmdSmi` and the kubelet advertises `amd.com/gpu` with the ids AMD's device
+  plugin uses (PCI addresses; `amdgpu_xcp_<N>` for the partitions beyond the first of a CPX
+  GPU, whose sysfs devices are written under `node.sysfs`), and each container's pid is in its
+  processor's process list (tests/doubles/simgpus.py, the one seam between node and fake).
 * containers may send real TCP bytes to another pod (over 127.0.0.1; pod IPs in the API
   objects are synthetic 10.244.0.x addresses): an exact one-shot count, or a steady rate.
 
@@ -35,8 +40,9 @@ the receiver counted itself: the ground truth), `host_process`/`remove_host_proc
 process in no pod), `batch` (node and fake changes in one state-file write), `close`.
 
 Thread-safe, with one lock order: the node's lock before the fake's. A node method called
-from inside `fake.batch()` would take them the other way round and is refused
-(RuntimeError); use `node.batch()`, which takes both in order.
+from inside `fake.batch()` (FakeNvml's, or the AMD backend's `node.gpus.batch()`) would take
+them the other way round and is refused (RuntimeError); use `node.batch()`, which takes both
+in order.
 
 Needs root and cgroup v2. Everything (processes, cgroups, servers) goes on `close`, also
 when a test fails; workers and their helper processes exit by themselves when their parent
@@ -63,6 +69,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
+from tests.doubles.fakeamdsmi.control import FakeAmdSmi
 from tests.doubles.fakenvml.control import FakeNvml
 from tests.doubles.kube_apiserver import KubeApiServer, owner_reference
 from tests.doubles.kube_apiserver import node as node_object
@@ -80,9 +87,10 @@ from tests.doubles.podcgroups import (
     spawn_in,
     whole_disk,
 )
+from tests.doubles.simgpus import GpuBackend, Usage, backend_for
 
 WORKER = Path(__file__).with_name("simworker.py")
-GPU_RESOURCE = "nvidia.com/gpu"
+GPU_RESOURCE = "nvidia.com/gpu"  # NVIDIA's; a node's own is `node.gpus.resource`
 DEFAULT_IMAGE = "nvcr.io/nvidia/pytorch:24.05-py3"
 HOST_IP = "10.0.0.11"
 CONDITIONS = (
@@ -107,7 +115,8 @@ Qos = Literal["guaranteed", "burstable", "besteffort"]
 @dataclass(frozen=True)
 class ContainerSpec:
     name: str
-    gpus: Sequence[int] = ()  # GPU indexes allocated by the kubelet (device ids = GPU UUIDs)
+    gpus: Sequence[int] = ()  # GPU indexes allocated by the kubelet (device ids = GPU UUIDs;
+    # on AMD processor indexes, ids = PCI addresses or amdgpu_xcp_<N>)
     shared_replica: int | None = None  # if set, device ids are "<uuid>::<n>" (time-slicing)
     use_gpus: Sequence[int] | None = None  # GPUs its process really uses (default: gpus)
     gpu_memory_bytes: int = 0  # per used GPU, registered with the fake NVML
@@ -331,28 +340,39 @@ class SimNode:
 
     def __init__(
         self,
-        fake: FakeNvml,
+        fake: FakeNvml | FakeAmdSmi,
         workdir: Path,
         node_name: str = "sim-node-1",
         *,
         manage_devices: bool = True,
         ready_timeout: float = 10.0,
         dra_versions: tuple[str, ...] = ("v1",),
+        sysfs: Path | None = None,
+        real_time: bool = True,
     ) -> None:
-        """`dra_versions`: the resource.k8s.io versions its API server serves (the double's)."""
+        """`dra_versions`: the resource.k8s.io versions its API server serves (the double's).
+        On AMD (`fake` a FakeAmdSmi): `sysfs` is where the partitions' devices are written
+        (default `workdir/sys`; give the agent `--sysfs node.sysfs`, as `sim_node_args`
+        does), and with `real_time` the fake's clock follows real time."""
         if os.geteuid() != 0:
             raise PermissionError("SimNode creates cgroups: it needs root")
-        self.fake = fake
+        self.fake: Any = fake
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
+        # Where the AMD backend writes the partitions' sysfs devices; None on NVIDIA (the
+        # agent reads the host's /sys).
+        self.sysfs: Path | None = (
+            (sysfs or self.workdir / "sys") if isinstance(fake, FakeAmdSmi) else None
+        )
+        self.gpus: GpuBackend = backend_for(fake, self.sysfs or self.workdir, real_time=real_time)
         self.node_name = node_name
         self.manage_devices = manage_devices
         self.ready_timeout = ready_timeout
         self.pods: dict[str, SimPod] = {}  # "namespace/name" -> pod
         self.transfers: list[Transfer] = []
         # Lock order of the test tooling: this node's lock, then the fake's (FakeNvml._lock,
-        # held by fake.batch() and every FakeNvml method), never the other way round; see
-        # _locked().
+        # held by fake.batch() and every FakeNvml method; FakeAmdSmi's, held by
+        # self.gpus.batch() and its methods), never the other way round; see _locked().
         self._lock = threading.RLock()
         self._owner: int | None = None  # the thread holding self._lock
         self._lab = Pods()
@@ -366,7 +386,7 @@ class SimNode:
         self._transfer_ids = itertools.count(1)
         self._pending: list[tuple[_Worker, str, _Worker, int]] = []  # finite, not yet waited
         self._expect: dict[_Worker, int] = {}  # bytes of waited transfers, per receiver
-        self._nvml: dict[int, dict[int, tuple[int, float, float]]] = {}  # gpu -> pid -> usage
+        self._nvml: dict[int, dict[int, Usage]] = {}  # gpu -> pid -> usage (NVML or AMD SMI)
         self._hosts: dict[int, tuple[_Worker, tuple[int, ...], Path]] = {}  # pid -> ...
         self._closed = False
         self.api = KubeApiServer(dra_versions=dra_versions)
@@ -392,7 +412,7 @@ class SimNode:
         ``set_usage`` did, against ``remove_pod``).  That is refused with RuntimeError; group
         node and fake changes with :meth:`batch` instead."""
         me = threading.get_ident()
-        if self._owner != me and self.fake.in_batch():
+        if self._owner != me and self.gpus.in_batch():
             raise RuntimeError(
                 "SimNode called inside FakeNvml.batch(): the node's lock must be taken before "
                 "the fake's; use SimNode.batch() to group node and fake changes"
@@ -408,7 +428,7 @@ class SimNode:
     def batch(self) -> Iterator[None]:
         """Group node calls and direct fake changes into one state-file write, taking the
         locks in their order (the node's, then the fake's ``batch()``)."""
-        with self._locked(), self.fake.batch():
+        with self._locked(), self.gpus.batch():
             yield
 
     @property
@@ -490,7 +510,7 @@ class SimNode:
                 if peer is None or peer.port is None:
                     raise ValueError(f"{key}: traffic peer {spec.traffic_to} is not serving")
             for gpu in [*spec.gpus, *(spec.use_gpus or ())]:
-                self.fake.gpu_uuid(gpu)  # IndexError for a GPU the node lacks
+                self.gpus.check(gpu)  # IndexError for a GPU the node lacks
 
     def _limit_cpu(self, sim: SimPod, containers: Sequence[ContainerSpec]) -> None:
         """The pod's CPU limit, before anything runs in it: the sum of its containers' limits
@@ -732,6 +752,8 @@ class SimNode:
                 self.api.stop()
             with contextlib.suppress(Exception):
                 self.kubelet.__exit__(None, None, None)
+            with contextlib.suppress(Exception):
+                self.gpus.close()
 
     # ---- internals ----------------------------------------------------------------------
 
@@ -758,11 +780,10 @@ class SimNode:
         return f"10.244.{n // 250}.{n % 250 + 2}"
 
     def _device_id(self, gpu: int, replica: int | None) -> str:
-        uuid_ = self.fake.gpu_uuid(gpu)
-        return uuid_ if replica is None else f"{uuid_}::{replica}"
+        return self.gpus.device_id(gpu, replica)
 
     def _numa(self, gpu: int) -> int:
-        return int(self.fake.gpu_info(gpu).get("numa_node", 0))
+        return self.gpus.numa(gpu)
 
     def _register_nvml(self, containers: Iterable[SimContainer]) -> None:
         changes: dict[tuple[int, int], tuple[int, float, float] | None] = {}
@@ -777,31 +798,11 @@ class SimNode:
             {(g, p): None for g, procs in self._nvml.items() for p in procs if p in gone}
         )
 
-    def _set_nvml(self, changes: Mapping[tuple[int, int], tuple[int, float, float] | None]) -> None:
+    def _set_nvml(self, changes: Mapping[tuple[int, int], Usage | None]) -> None:
         """Apply process changes to the fake, then (manage_devices) each touched GPU's sums."""
         if not changes:
             return
-        with self.fake.batch():
-            for (gpu, pid), usage in changes.items():
-                procs = self._nvml.setdefault(gpu, {})
-                if usage is None:
-                    procs.pop(pid, None)
-                    self.fake.remove_process(gpu, pid)
-                else:
-                    procs[pid] = usage
-                    mem, sm, mem_util = usage
-                    self.fake.add_process(gpu, pid, mem, min(sm, 100.0), min(mem_util, 100.0))
-            if self.manage_devices:
-                for gpu in {g for g, _ in changes}:
-                    self._sync_device(gpu)
-
-    def _sync_device(self, gpu: int) -> None:
-        procs = self._nvml.get(gpu, {}).values()
-        info = self.fake.gpu_info(gpu)
-        room = int(info["mem_total"]) - int(info["mem_reserved"])
-        self.fake.set_memory_used(gpu, min(room, sum(p[0] for p in procs)))
-        sm = min(100.0, sum(p[1] for p in procs))
-        self.fake.set_utilization(gpu, sm, min(100.0, sum(p[2] for p in procs)))
+        self.gpus.apply(changes, self._nvml, self.manage_devices)
 
     def _publish_kubelet(self) -> None:
         """The kubelet's answers: one device entry per resource and NUMA node, as it groups."""
@@ -814,40 +815,40 @@ class SimNode:
                 by_numa: dict[int, list[str]] = {}
                 for gpu, dev in zip(c.gpus, c.device_ids, strict=True):
                     by_numa.setdefault(self._numa(gpu), []).append(dev)
-                groups = [devices(GPU_RESOURCE, *ids, numa=[n]) for n, ids in by_numa.items()]
+                groups = [devices(self.gpus.resource, *ids, numa=[n]) for n, ids in by_numa.items()]
                 conts.append(container(c.name, *groups))
             entries.append(pod_resources(sim.namespace, sim.name, *conts))
         self.kubelet.set_pods(*entries)
-        # Allocatable: every GPU's UUID, and the replicas pods were given of shared GPUs.
+        # Allocatable: every GPU's id (UUID, or AMD's plugin id), and the replicas pods were
+        # given of shared GPUs.
         allocatable: dict[int, list[str]] = {}
         shared = sorted(
             {d for s in self.pods.values() for c in s.containers.values() for d in c.device_ids}
         )
-        for gpu in range(self.fake.gpu_count()):
-            uuid_ = self.fake.gpu_uuid(gpu)
-            ids = [d for d in shared if d.startswith(f"{uuid_}::")] or [uuid_]
+        resource = self.gpus.resource
+        for gpu in range(self.gpus.count()):
+            base = self.gpus.device_id(gpu, None)
+            ids = [d for d in shared if d.startswith(f"{base}::")] or [base]
             allocatable.setdefault(self._numa(gpu), []).extend(ids)
         self.kubelet.set_allocatable(
-            *(devices(GPU_RESOURCE, *ids, numa=[n]) for n, ids in sorted(allocatable.items()))
+            *(devices(resource, *ids, numa=[n]) for n, ids in sorted(allocatable.items()))
         )
 
     def _node_object(self) -> dict[str, Any]:
-        info = self.fake.gpu_info(0) if self.fake.gpu_count() else {}
-        product = str(info.get("name", "")).replace(" ", "-")
-        count = str(self.fake.gpu_count())
+        count = str(self.gpus.count())
         obj = node_object(
             self.node_name,
             labels={
                 "kubernetes.io/os": "linux",
                 "kubernetes.io/arch": "amd64",
                 "node.kubernetes.io/instance-type": "gpu-8x",
-                "nvidia.com/gpu.present": "true",
-                "nvidia.com/gpu.product": product,
-                "nvidia.com/gpu.count": count,
+                **self.gpus.node_labels(),
             },
         )
         obj["spec"]["podCIDR"] = "10.244.0.0/16"
-        capacity = {"cpu": "224", "memory": "2113407536Ki", "pods": "110", GPU_RESOURCE: count}
+        capacity = {
+            "cpu": "224", "memory": "2113407536Ki", "pods": "110", self.gpus.resource: count,
+        }  # fmt: skip
         obj["status"].update(
             capacity=capacity,
             allocatable=dict(capacity),
@@ -884,7 +885,8 @@ class SimNode:
             limits: dict[str, str] = {}
             requests: dict[str, str] = {}
             if s.gpus:
-                limits[GPU_RESOURCE] = requests[GPU_RESOURCE] = str(len(s.gpus))
+                resource = self.gpus.resource
+                limits[resource] = requests[resource] = str(len(s.gpus))
             if s.cpu_limit is not None:
                 limits["cpu"] = f"{round(s.cpu_limit * 1000)}m"
             if limits:
@@ -1025,7 +1027,7 @@ def training_scenario(node: SimNode) -> dict[str, SimPod]:
     - GPU 7: free.
     Traffic: the TRAINING_TRAFFIC one-shot payloads (wait with `node.wait_traffic`).
     """
-    if node.fake.gpu_count() < 8:
+    if node.gpus.count() < 8:
         raise ValueError("the training scenario needs an 8-GPU node (profile dgx-h100)")
     pods: dict[str, SimPod] = {}
     # in this order: each pod's traffic peer must already serve

@@ -7,7 +7,10 @@ series of named pods, and the idle-cause counter charges the loader's workload `
 and the notebook's `cpu`. After Ctrl-C nothing of the pods is left: no cgroup in any
 hierarchy, no process in one, no loader file. On a hybrid host (v1 cpu and blkio beside
 v2) this needs the node to make the pods' v1 directories; without them the I/O bytes and
-throttling series are absent."""
+throttling series are absent.
+
+The same on a simulated AMD MI300X node (`make demo DEMO_ARGS="--profile mi300x"`): the
+agent's `amd` collector on the fake AMD SMI library, the pods holding `amd.com/gpu`."""
 
 from __future__ import annotations
 
@@ -131,7 +134,10 @@ def top_cause(row: str) -> str:
     return row.rsplit("  ", 1)[-1].split()[0]
 
 
-def test_the_demo_shows_start_up_io_throttling_and_idle_causes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("profile", ["dgx-h100", "mi300x"])
+def test_the_demo_shows_start_up_io_throttling_and_idle_causes(
+    tmp_path: Path, profile: str
+) -> None:
     demo = load_demo()
     (tmp_path / "probe").mkdir()
     probe = demo.shard_file(tmp_path / "probe")  # where the demo will put the loader's file
@@ -140,7 +146,7 @@ def test_the_demo_shows_start_up_io_throttling_and_idle_causes(tmp_path: Path) -
     probe.unlink()
     proc = subprocess.Popen(
         [sys.executable, str(REPO / "scripts" / "demo.py"), "--port", str(free_port()),
-         "--state-dir", str(tmp_path / "demo"), "--duration", "120"],
+         "--state-dir", str(tmp_path / "demo"), "--duration", "120", "--profile", profile],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     out = Output(proc)
@@ -159,6 +165,8 @@ def test_the_demo_shows_start_up_io_throttling_and_idle_causes(tmp_path: Path) -
             proc.kill()
             proc.wait()
 
+    vendor = "amd" if profile.startswith("mi") else "nvidia"
+    assert len(metrics.series("gpuscope_gpu_info", vendor=vendor)) == 8, out.text()
     loader_ns, loader = demo.LOADER
     notebook_ns, notebook = demo.NOTEBOOK
     read = metrics.get(

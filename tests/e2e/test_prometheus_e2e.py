@@ -27,6 +27,13 @@ title, or by rule):
   itself, with the windows as written, labelled with the pod that holds the GPU, for the
   provoked alerts whose windows allow it within the test. NOT_PROVOKED says which alerts
   the fakes cannot drive, and why.
+
+The same Prometheus proof runs against a simulated AMD MI300X node (the agent's `amd`
+collector on the fake AMD SMI library, the same pods holding `amd.com/gpu`): every query and
+rule that selects no NVIDIA-only family (XIDs, GPM, MIG, NVLink, row remapping...: the `gpu`
+collector's families the `amd` collector does not render) must return data there too; the
+NVIDIA-only ones may be empty and are reported. On the NVIDIA node the AMD-only queries
+(XGMI) are the ones allowed to be empty.
 """
 
 from __future__ import annotations
@@ -49,6 +56,9 @@ from typing import Any
 
 import pytest
 
+from gpuscope.agent.app.registry import BY_NAME
+from gpuscope.exporters.prometheus.render import renderer_of
+from tests.doubles.fakeamdsmi.control import FakeAmdSmi
 from tests.doubles.fakenvml.control import FakeNvml
 from tests.doubles.kube_apiserver import owner_reference
 from tests.doubles.make_sysfs import write_tree
@@ -62,7 +72,7 @@ from tests.doubles.simnode import (
     SimNode,
     training_scenario,
 )
-from tests.support import AgentProcess, free_port, sim_node_args
+from tests.support import GOLDEN_DIR, AgentProcess, free_port, sim_node_args
 from tests.support.observability import (
     RULES,
     Query,
@@ -166,6 +176,17 @@ NOT_IN_PROMETHEUS_STATE = {
     "GPUPCIeLinkDegraded": "rate(busy[5m]) > 0.1 needs 30+ s of data at 93 % busy",
     "PodTCPRetransmitRatioHigh": "rate(retransmits[5m]) >= 1 needs minutes of data",
 }
+# Alerts provoked on the AMD node (tests/doubles/fakeamdsmi), as PROVOKED.
+AMD_PROVOKED: dict[str, dict[str, str]] = {
+    "GPULost": {"node": SIM_NODE, "gpu": "3", **WORKER},
+    "GPUTemperatureHigh": {"node": SIM_NODE, "gpu": "2", "sensor": "gpu", **WORKER},
+    "GPUEccUncorrectable": {"node": SIM_NODE, "gpu": "4", **EVAL},
+    "GpuscopeCollectorFailing": {"node": BROKEN_NODE, "collector": "gpu"},
+    "GpuscopeDown": {"node": GONE_NODE},
+}
+# The collectors of the AMD node's agent: the defaults but NVIDIA's `gpu` (which, without
+# NVML, reads failing: its own alert).
+AMD_COLLECTORS = "amd,net,nic,rdma,kubelet,pods"
 _COMPARISON = re.compile(r"(==|!=|>=|<=|>(?!=)|<(?!=))(?!\s*bool\b)")
 
 
@@ -299,12 +320,13 @@ def start_prometheus(
 class NodeUnderTest:
     targets: dict[str, str]  # node label -> host:port to scrape
     sim: SimNode
-    fake: FakeNvml
+    fake: FakeNvml | FakeAmdSmi
     agent: AgentProcess
     provoke_later: Callable[[], None]  # once Prometheus has seen the counters' start
     provoked: dict[str, dict[str, str]]  # alert -> labels one of its series must carry
     not_provoked: dict[str, str]  # alert -> why the fakes cannot drive it
     detail: str = "default"  # the agent's --metrics-detail
+    vendor: str = "nvidia"  # of the simulated node's GPUs
 
 
 @contextlib.contextmanager
@@ -439,15 +461,142 @@ def gpu_node(
             stop.set()
 
 
+def amd_provoker(fake: FakeAmdSmi, stop: threading.Event) -> Callable[[], None]:
+    """A lost GPU and uncorrectable ECC errors that keep coming, once Prometheus has seen
+    the counters start."""
+
+    def errors_keep_coming() -> None:
+        n = 0
+        while not stop.wait(1.0):
+            n += 1
+            fake.set_ecc(4, "umc", 0, n)
+
+    def provoke_later() -> None:
+        fake.lose(3)
+        threading.Thread(target=errors_keep_coming, daemon=True).start()
+
+    return provoke_later
+
+
 @pytest.fixture
-def prometheus(tmp_path: Path, gpu_node: NodeUnderTest) -> Iterator[Prometheus]:
-    prom = start_prometheus(tmp_path / "prometheus", gpu_node.targets, AGENT_LABELLED)
+def amd_node(
+    tmp_path: Path,
+    agent_process: Callable[..., AgentProcess],
+    sim_node: Callable[..., SimNode],
+) -> Iterator[NodeUnderTest]:
+    """The training scenario and straggler of `gpu_node` on a simulated MI300X node (fake
+    AMD SMI, `amd.com/gpu`), with XGMI traffic among the training job's GPUs, a hot GPU and
+    an XGMI link down; its agent at the default detail level with the `amd` collector."""
+    sysfs = write_tree(tmp_path / "sys")  # NICs and RDMA ports, as on the NVIDIA node
+    sim = sim_node(SIM_NODE, amd="mi300x", sysfs=sysfs)
+    fake = sim.fake
+    training_scenario(sim)
+    add_straggler(sim)
+    ns, name = NB_ALICE_POD.split("/")
+    sim.set_usage(ns, name, sm_util=0)  # GPU 6 (alice and bob) allocated and idle
+    sim.wait_traffic()
+    sim.start_traffic(WORKER_POD, EVAL_POD, rate=4e6)
+    sim.start_traffic(EVAL_POD, NB_ALICE_POD, rate=1e6)
+    sim.start_traffic(STRAGGLER_POD, WORKER_POD, rate=1e5)
+    with sim.batch():
+        for gpu in range(4):  # the training job's all-reduce over XGMI
+            for link in range(3):
+                fake.set_xgmi_link(gpu, link, read_kbps=2e6, write_kbps=2e6)
+        fake.set_xgmi_link(1, 5, status="down")
+        fake.set_temperature(2, "junction", 95)
+    agent = agent_process(
+        *sim_node_args(sim), "--cgroup-root", str(cgroup_v2_root()),
+        "--series-node-label", "true", "--collectors", AMD_COLLECTORS,
+        env=fake.env(),
+    )  # fmt: skip
+    broken = agent_process(
+        "--collectors", "gpu", "--labels-mode", "none", env={"LD_LIBRARY_PATH": "/nonexistent"}
+    )
+    stop = threading.Event()
+    targets = {
+        SIM_NODE: f"127.0.0.1:{agent.port}",
+        BROKEN_NODE: f"127.0.0.1:{broken.port}",
+        GONE_NODE: f"127.0.0.1:{free_port()}",
+    }
+    not_provoked = {
+        **{k: v for k, v in NOT_PROVOKED.items() if not k.startswith("GPUTemperatureHigh")},
+        **{
+            name: "NVIDIA-only: proven on the NVIDIA node"
+            for name in PROVOKED
+            if name not in AMD_PROVOKED and name != "PodTCPRetransmitRatioHigh"
+        },
+        "PodTCPRetransmitRatioHigh": "no GPU in it: proven on the NVIDIA node",
+    }
+    try:
+        yield NodeUnderTest(
+            targets, sim, fake, agent, amd_provoker(fake, stop), dict(AMD_PROVOKED),
+            not_provoked, "default", "amd",
+        )  # fmt: skip
+    finally:
+        stop.set()
+
+
+def _prometheus(tmp_path: Path, node: NodeUnderTest) -> Iterator[Prometheus]:
+    prom = start_prometheus(tmp_path / "prometheus", node.targets, AGENT_LABELLED)
     yield prom
     prom.proc.terminate()
     try:
         prom.proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
         prom.proc.kill()
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path, gpu_node: NodeUnderTest) -> Iterator[Prometheus]:
+    yield from _prometheus(tmp_path, gpu_node)
+
+
+@pytest.fixture
+def amd_prometheus(tmp_path: Path, amd_node: NodeUnderTest) -> Iterator[Prometheus]:
+    yield from _prometheus(tmp_path, amd_node)
+
+
+# Attribution families fed only by NVIDIA's SM activity (GPM or DCGM's profiling metrics).
+SM_ACTIVITY_DERIVED = frozenset(
+    {
+        "gpuscope_workload_gpu_low_activity_seconds_total",
+        "gpuscope_workload_gpu_low_activity_cause_seconds_total",
+    }
+)
+
+
+def _vendor_only() -> dict[str, frozenset[str]]:
+    """Each vendor's own metric families. AMD's: the `amd` collector's that NVIDIA's `gpu`
+    collector does not render. NVIDIA's: the `gpu` collector's of which no AMD golden
+    exposition at the default detail level (tests/golden/amd-*.prom: every fake AMD profile)
+    has a sample (so gpuscope_gpu_throttle_reasons, which AMD GPUs serve at full detail only,
+    beside their gpuscope_gpu_throttle_seconds_total), the
+    attribution families fed by SM activity, and the series recorded from any of these."""
+    nvidia_r, amd_r = renderer_of(BY_NAME["gpu"]), renderer_of(BY_NAME["amd"])
+    assert nvidia_r is not None and amd_r is not None
+    amd_seen = {  # families with samples (an empty one keeps its HELP and TYPE lines)
+        re.split(r"[{ ]", line, maxsplit=1)[0]
+        for path in GOLDEN_DIR.glob("amd-*.prom")
+        if not path.stem.endswith("-full")  # the AMD node's agent runs at the default level
+        for line in path.read_text().splitlines()
+        if line and not line.startswith("#")
+    }
+    nvidia = {m.name for m in nvidia_r.metrics} - amd_seen | SM_ACTIVITY_DERIVED
+    for _ in range(3):  # recording rules of recorded series
+        for rule in recording_rules():
+            if any(m in nvidia for m, _labels in selectors(rule["expr"])):
+                nvidia.add(rule["record"])
+    amd = {m.name for m in amd_r.metrics} - {m.name for m in nvidia_r.metrics}
+    return {"nvidia": frozenset(nvidia), "amd": frozenset(amd)}
+
+
+VENDOR_ONLY = _vendor_only()
+
+
+def other_vendor_only(expr: str, vendor: str) -> list[str]:
+    """The families `expr` selects that only the other vendor's GPUs have."""
+    other = VENDOR_ONLY["amd" if vendor == "nvidia" else "nvidia"]
+    return sorted({m for m, _labels in selectors(expr) if m in other})
 
 
 # --- the checks -----------------------------------------------------------------------------
@@ -468,7 +617,11 @@ def _why_empty(prom: Prometheus, expr: str) -> str:
 @dataclass
 class Checks:
     prom: Prometheus
+    vendor: str = "nvidia"
     failures: dict[str, str] = field(default_factory=dict)
+    # where -> the other vendor's families it selects: empty here, and rightly so
+    other_vendor_empty: dict[str, list[str]] = field(default_factory=dict)
+    returned: set[str] = field(default_factory=set)  # where data came back
 
     def expect(self, where: str, expr: str, *, finite: bool = False) -> list[dict[str, Any]]:
         try:
@@ -476,7 +629,11 @@ class Checks:
         except PromQLError as err:
             self.failures[where] = f"error: {err}\n      {expr}"
             return []
-        if not result:
+        if result:
+            self.returned.add(where)
+        if not result and (others := other_vendor_only(expr, self.vendor)):
+            self.other_vendor_empty[where] = others
+        elif not result:
             self.failures[where] = f"{_why_empty(self.prom, expr)}\n      {expr}"
         elif finite and not _finite(result):
             self.failures[where] = f"only NaN/Inf values\n      {expr}"
@@ -507,7 +664,7 @@ def template_values(
         "__range": f"{max(int(elapsed), 2)}s",
     }
     values = {
-        "gpu-fleet": common,
+        "gpu-fleet": {**common, "vendor": ".*", "model": ".*"},
         "node": {**common, "node": nodes[0] if nodes else SIM_NODE, "gpu": ".*"},
         "training-job": {**common, "namespace": namespace, "workload": workload},
         "network": {**common, "node": ".*", "namespace": ".*"},
@@ -588,6 +745,29 @@ def check_rules(checks: Checks, node: NodeUnderTest) -> None:
 def test_every_dashboard_query_and_rule_returns_data(
     gpu_node: NodeUnderTest, prometheus: Prometheus
 ) -> None:
+    prove(gpu_node, prometheus)
+
+
+def test_every_vendor_neutral_query_and_rule_returns_data_on_an_amd_node(
+    amd_node: NodeUnderTest, amd_prometheus: Prometheus
+) -> None:
+    checks = prove(amd_node, amd_prometheus)
+    # The vendor-neutral panels a fleet of AMD GPUs is judged by, and XGMI.
+    for where in (
+        "gpu-fleet.json / 'GPUs by vendor and model' / A",
+        "gpu-fleet.json / 'Utilization by vendor and model' / A",
+        "gpu-fleet.json / 'Allocated GPUs by vendor and model' / A",
+        "node.json / 'NVLink and XGMI throughput' / C",
+        "node.json / 'NVLinks and XGMI links up' / B",
+    ):
+        assert where in checks.returned, where
+    vendors = amd_prometheus.series_labels("gpuscope_gpu_info", "vendor")
+    assert vendors == ["amd"], vendors
+
+
+def prove(gpu_node: NodeUnderTest, prometheus: Prometheus) -> Checks:
+    """Every dashboard query and rule returns data from the node (see the module docstring);
+    on an AMD node the NVIDIA-only ones may be empty, and are listed."""
     # Let Prometheus see the counters before they move, then provoke the events.
     deadline = time.monotonic() + 15
     while not prometheus.query(f'gpuscope_gpu_up{{node="{SIM_NODE}"}}'):
@@ -599,7 +779,7 @@ def test_every_dashboard_query_and_rule_returns_data(
     deadline = time.monotonic() + SETTLE_TIMEOUT_S
     while True:
         time.sleep(1)
-        checks = Checks(prometheus)
+        checks = Checks(prometheus, gpu_node.vendor)
         values, problems = template_values(prometheus, time.time() - prometheus.started)
         for i, p in enumerate(problems):
             checks.failures[f"template values {i}"] = p
@@ -610,8 +790,17 @@ def test_every_dashboard_query_and_rule_returns_data(
     report = "\n".join(f"  {where}: {why}" for where, why in sorted(checks.failures.items()))
     not_provoked = "\n".join(f"  {k}: {v}" for k, v in gpu_node.not_provoked.items())
     print(f"\nAlerts not provoked (checked with comparisons made bool only):\n{not_provoked}")
+    empty = "\n".join(
+        f"  {w}: {', '.join(m)}" for w, m in sorted(checks.other_vendor_empty.items())
+    )
+    print(
+        f"\nOn this {gpu_node.vendor} node, {len(checks.returned)} queries returned data; "
+        f"{len(checks.other_vendor_empty)} are empty, selecting the other vendor's families:\n"
+        f"{empty}"
+    )
     assert not checks.failures, (
         f"{len(checks.failures)} check(s) failed:\n{report}\n"
         f"template values: {json.dumps(values)}\n"
         f"agent log (tail):\n{gpu_node.agent.logs()[-3000:]}"
     )
+    return checks

@@ -217,8 +217,9 @@ def spawn_agent(logdir: Path, *args: str, env: dict[str, str] | None = None) -> 
 
 def sim_node_args(node: SimNode) -> list[str]:
     """The agent flags that put it on a simulated node: its kubelet socket, kubeconfig and
-    node name, the kubelet polled every second, no node labels, the build's kernel headers."""
-    return [
+    node name, the kubelet polled every second, no node labels, the build's kernel headers;
+    on an AMD node also its sysfs (the host's, with the partitions' devices added)."""
+    args = [
         "--kubelet-socket", str(node.kubelet_socket),
         "--kubeconfig", str(node.kubeconfig),
         "--node-name", node.node_name,
@@ -226,3 +227,6 @@ def sim_node_args(node: SimNode) -> list[str]:
         "--labels-mode", "none",
         "--kernel-headers", str(HEADERS),
     ]  # fmt: skip
+    if node.sysfs is not None:
+        args += ["--sysfs", str(node.sysfs)]
+    return args
