@@ -138,9 +138,9 @@ def _raw(lib: AmdSmi, function: str, *args: Any) -> None:
 def discover(lib: AmdSmi, index: int, handles: Sequence[Any], sysfs: Path) -> Device:
     """A GPU's identity from its processors (raises AmdSmiCallError if it does not
     answer). Handles are ordered by XCP: the partition id the kernel gives each."""
-    processors = distinct(
-        sorted((_processor(lib, h) for h in handles), key=lambda p: p.partition_id)
-    )
+    ordered = sorted((_processor(lib, h) for h in handles), key=lambda p: p.partition_id)
+    gpu_uuid = ordered[0].uuid  # the GPU's: XCP 0's, the whole GPU's when unpartitioned
+    processors = distinct(ordered, gpu_uuid) if len(ordered) > 1 else ordered
     h = processors[0].handle
     asic = lib.call("amdsmi_get_gpu_asic_info", h)
     gfx = str(asic.get("target_graphics_version", ""))
@@ -150,7 +150,7 @@ def discover(lib: AmdSmi, index: int, handles: Sequence[Any], sysfs: Path) -> De
     model = str(asic.get("market_name") or "")
     identity = DeviceIdentity(
         index=index,
-        uuid=processors[0].uuid,
+        uuid=gpu_uuid,
         model="" if model == "N/A" else model,
         pci_bus_id=bdf,
         serial=str(asic.get("asic_serial") or ""),
@@ -193,17 +193,15 @@ def _processor(lib: AmdSmi, handle: Any) -> Processor:
     )
 
 
-def distinct(processors: Sequence[Processor]) -> list[Processor]:
-    """Processors with one UUID each. Before ROCm 7.0 every partition of a GPU reports the
-    GPU's UUID; there the first keeps it (it is the GPU's) and the others are named
-    `<uuid>-xcp<N>`, so attribution can tell them apart. A release with one UUID per
-    partition is left as it is."""
-    seen: set[str] = set()
+def distinct(processors: Sequence[Processor], gpu_uuid: str) -> list[Processor]:
+    """A partitioned GPU's processors with UUIDs of their own, none the GPU's: attribution
+    keys GPUs and partitions by UUID, and a partition named as its GPU would be counted as
+    both. XCP 0 reports the GPU's UUID, and before ROCm 7.0 every XCP does; such a one is
+    named `<uuid>-xcp<N>`. UUIDs the library gives partitions of their own are kept."""
+    seen = {gpu_uuid}
     out = []
     for p in processors:
-        uuid = p.uuid
-        if uuid in seen:
-            uuid = f"{p.uuid}-xcp{p.partition_id}"
+        uuid = p.uuid if p.uuid not in seen else f"{p.uuid}-xcp{p.partition_id}"
         seen.add(uuid)
         out.append(replace(p, uuid=uuid) if uuid != p.uuid else p)
     return out

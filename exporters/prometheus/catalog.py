@@ -37,6 +37,18 @@ AGENT_METRICS: tuple[MetricSpec, ...] = (
         "Every enabled collector, on every scrape.",
     ),
     MetricSpec(
+        "gpuscope_collector_absent",
+        "gauge",
+        "1 while what the collector reads is confirmed not on this host (no GPU driver or "
+        "vendor library: the amd collector on an NVIDIA node, gpu on an AMD one): "
+        "gpuscope_collector_success is 0 but nothing is failing. GpuscopeCollectorFailing "
+        "leaves such collectors out.",
+        ("collector",),
+        "agent",
+        "While the collector's source is absent; every enabled collector (0 or 1) at full detail.",
+        at_default="some",
+    ),
+    MetricSpec(
         "gpuscope_collector_duration_seconds",
         "gauge",
         "Time the collector's last collection took; for a stuck one, how long its collection "

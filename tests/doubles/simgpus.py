@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -139,43 +139,6 @@ class NvidiaGpus:
         pass
 
 
-class _AmdBatch:
-    """A batch for FakeAmdSmi, which writes its state file on every change and has no batch
-    of its own: hold its lock (every FakeAmdSmi method takes it) and defer the instance's
-    `_write` until the outermost block exits, so the agent never reads half a change."""
-
-    def __init__(self, fake: FakeAmdSmi) -> None:
-        self.fake = fake
-        self._depth = 0
-        self._owner: int | None = None
-        self._dirty = False
-
-    @contextlib.contextmanager
-    def __call__(self) -> Iterator[None]:
-        fake: Any = self.fake
-        with fake._lock:
-            self._depth += 1
-            if self._depth == 1:
-                self._owner = threading.get_ident()
-                self._dirty = False
-                fake._write = self._defer  # an instance attribute shadows the method
-            try:
-                yield
-            finally:
-                self._depth -= 1
-                if self._depth == 0:
-                    self._owner = None
-                    del fake._write
-                    if self._dirty:
-                        fake._write()
-
-    def _defer(self) -> None:
-        self._dirty = True
-
-    def held(self) -> bool:
-        return self._owner == threading.get_ident()
-
-
 class AmdGpus:
     """FakeAmdSmi: processors as AMD's device plugin names them, their process lists, the
     partitions' sysfs devices, and the fake's clock following real time."""
@@ -186,12 +149,10 @@ class AmdGpus:
     def __init__(self, fake: FakeAmdSmi, sysfs: Path, *, real_time: bool = True) -> None:
         self.fake = fake
         self.sysfs = sysfs
-        self._batch = _AmdBatch(fake)
         self._names: dict[int, str] = {}  # processor -> plugin id
         self._stop = threading.Event()
         self._clock: threading.Thread | None = None
         with self.batch():
-            self._unique_render_minors()
             self._names = self._plugin_names()
             self._write_sysfs()
         if real_time:
@@ -206,19 +167,6 @@ class AmdGpus:
     def _render_minors(self) -> list[int | None]:
         state = self.fake.state()["processors"]
         return [p.get("enumeration_info", {}).get("drm_render") for p in state]
-
-    def _unique_render_minors(self) -> None:
-        """Render minors as the driver gives them (GPU s: 128 + 8s, its XCP k: + k) where
-        the fake's partitioned profile gives two processors one minor (its enumeration adds
-        the XCP to each GPU's own minor, so GPU 0's XCP 1 and GPU 1's XCP 0 collide); the
-        agent joins partitions to their `amdgpu_xcp_<N>` by minor, which must be unique."""
-        minors = [m for m in self._render_minors() if m is not None]
-        if len(set(minors)) == len(minors) or self.fake.partitions <= 1:
-            return
-        fake: Any = self.fake
-        stride = AMD_XCP_DEVICES_PER_GPU + 1
-        for i, p in enumerate(self._processors()):
-            fake._change(i, drm_render=AMD_RENDER_BASE + stride * int(p["socket"]))
 
     def _plugin_names(self) -> dict[int, str]:
         names: dict[int, str] = {}
@@ -250,10 +198,10 @@ class AmdGpus:
     # ---- the seam ---------------------------------------------------------------------
 
     def batch(self) -> contextlib.AbstractContextManager[None]:
-        return self._batch()
+        return self.fake.batch()
 
     def in_batch(self) -> bool:
-        return self._batch.held()
+        return self.fake.in_batch()
 
     def count(self) -> int:
         return self.fake.gpu_count

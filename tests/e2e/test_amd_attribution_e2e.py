@@ -138,15 +138,12 @@ def test_cpx_partitions_are_attributed_to_their_pods(
     assert idle_by_workload["train-0"] == 0 and idle_by_workload["train-1"] == 0, idle_by_workload
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an AMD GPU's first partition has the GPU's UUID, and a partition's holder is also "
-    "a holder of its GPU: a busy partition on a GPU whose XCP 0 is idle (eval: GPU 2, XCP 2) "
-    "is charged the GPU's idle seconds (agent/attribution/accounts.py keys both by UUID)",
-)
 def test_cpx_busy_partition_on_an_idle_gpu_is_not_charged_idle(
     agent_process: Callable[..., AgentProcess], sim_node: Callable[..., SimNode]
 ) -> None:
+    """A partition and its GPU are keyed apart (XCP 0 reports the GPU's UUID; the agent
+    names it `<uuid>-xcp0`): a busy partition on a GPU whose XCP 0 is idle (eval: GPU 2,
+    XCP 2) is not charged the GPU's idle seconds."""
     m, _ = cpx_node(agent_process, sim_node)
     idle = {k["workload"]: v for k, v in m.rows("gpuscope_workload_gpu_idle_seconds_total")}
     assert idle["eval"] == 0, idle

@@ -50,7 +50,7 @@ def test_restarted_before_the_driver_the_agent_keeps_the_labels_until_it_loads(
         first = agent_process(*args, env=env)
         wait_for(lambda: labels_of(server).get(f"{P}gpu.healthy") == "8", 10, "node labeled")
         published = labels_of(server)
-        assert len([k for k in published if k.startswith(P)]) == 19
+        assert len([k for k in published if k.startswith(P)]) == 20
         first.stop()
 
         later = tmp_path / "driver-loaded-later.state"  # absent: NVML says driver not loaded

@@ -21,10 +21,12 @@ profile (CPX) each socket's XCPs are consecutive processors, XCP 0 first.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -177,6 +179,8 @@ class FakeAmdSmi:
         self.state_path = Path(state_path)
         self._now_ns = round(now * 1e9)  # integer ns: timestamps differ exactly
         self._lock = threading.RLock()
+        self._batch_depth = 0  # inside batch(): writes wait for its end
+        self._dirty = False
         self._state_file = fakelib.StateFile(self.state_path)
         self._events: list[dict[str, Any]] = []
         self._event_seq = 0
@@ -649,9 +653,14 @@ class FakeAmdSmi:
                     }
                 if "drm_render" in g:
                     n = self.partitions
+                    # A partitioned node's DRM minors are numbered node-wide, each XCP its
+                    # own (GPU s's XCP k: base + s x n + k), as amdgpu registers them; the
+                    # profile gives each GPU's own (s = 0: the base).
+                    first = g["drm_render"] - g["socket"] if n > 1 else g["drm_render"]
+                    card = g["drm_card"] - g["socket"] if n > 1 else g["drm_card"]
                     proc["enumeration_info"] = {
-                        "drm_render": g["drm_render"] + g["xcp"],
-                        "drm_card": g["drm_card"] + g["xcp"],
+                        "drm_render": first + g["socket"] * n + g["xcp"] if n > 1 else first,
+                        "drm_card": card + g["socket"] * n + g["xcp"] if n > 1 else card,
                         "hsa_id": g["hsa_id"] * n + g["xcp"],
                         "hip_id": g["hip_id"] * n + g["xcp"],
                         "hip_uuid": f"GPU-{g['uuid'].replace('-', '')[:16]}",
@@ -696,9 +705,32 @@ class FakeAmdSmi:
                 "processors": procs,
             }
 
-    def _write(self) -> None:
-        """Replace the state file (`fakelib.StateFile`: atomically, the mtime increasing)."""
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Changes made inside reach the library together, in one write of the state file
+        at the end of the outermost batch (the library never reads half a change). Holds
+        the fake's lock meanwhile, as every method does."""
         with self._lock:
+            self._batch_depth += 1
+            try:
+                yield
+            finally:
+                self._batch_depth -= 1
+                if self._batch_depth == 0 and self._dirty:
+                    self._dirty = False
+                    self._write()
+
+    def in_batch(self) -> bool:
+        """Whether this thread is inside `batch()` (the lock is reentrant: ask, not guess)."""
+        return self._batch_depth > 0 and self._lock._is_owned()  # type: ignore[attr-defined]
+
+    def _write(self) -> None:
+        """Replace the state file (`fakelib.StateFile`: atomically, the mtime increasing);
+        inside a batch, at its end."""
+        with self._lock:
+            if self._batch_depth:
+                self._dirty = True
+                return
             self._state_file.write(json.dumps(self.state(), indent=1))
 
 

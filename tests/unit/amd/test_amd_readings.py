@@ -102,8 +102,8 @@ def test_interconnect_is_xgmi_only_when_every_pair_is_directly_linked() -> None:
 
 
 def test_partitions_that_share_their_gpus_uuid_get_names_of_their_own() -> None:
-    """Before ROCm 7.0 every XCP reports the socket's UUID."""
+    """XCP 0 reports the GPU's UUID, and before ROCm 7.0 every XCP does."""
     shared = [dev.Processor(None, "u", "0000:05:00.0", i, 128 + i) for i in range(3)]
-    assert [p.uuid for p in dev.distinct(shared)] == ["u", "u-xcp1", "u-xcp2"]
+    assert [p.uuid for p in dev.distinct(shared, "u")] == ["u-xcp0", "u-xcp1", "u-xcp2"]
     own = [dev.Processor(None, f"u{i}", "0000:05:00.0", i, 128 + i) for i in range(3)]
-    assert dev.distinct(own) == own
+    assert [p.uuid for p in dev.distinct(own, "u0")] == ["u0-xcp0", "u1", "u2"]

@@ -84,6 +84,7 @@ def test_names_follow_the_unit_conventions() -> None:
                 "_threads",
                 "_links",
                 "_pages",
+                "_absent",
             )
         ), f"{m.name}: no base unit and not a state/info metric"
 
