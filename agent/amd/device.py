@@ -130,9 +130,7 @@ def processors_by_socket(lib: AmdSmi) -> list[list[Any]]:
 
 def _raw(lib: AmdSmi, function: str, *args: Any) -> None:
     """A C entry point through the wrapper, status checked as the bindings do."""
-    status = int(getattr(lib.module.amdsmi_wrapper, function)(*args))
-    if status != 0:
-        raise AmdSmiCallError(function, status)
+    lib.raw(function, *args)
 
 
 def discover(lib: AmdSmi, index: int, handles: Sequence[Any], sysfs: Path) -> Device:

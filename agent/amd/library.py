@@ -222,6 +222,24 @@ class AmdSmi:
         finally:
             self._current.pop(tid, None)
 
+    def raw(self, function: str, *args: Any) -> None:
+        """The C entry point `function` through the bindings' wrapper (ctypes arguments, the
+        wrapper's own struct types: its layout is its library's), its status checked as the
+        bindings check it, the call tracked as `call`'s are. For reading a few fields of a
+        large struct without the bindings converting all of it."""
+        fn = getattr(self.module.amdsmi_wrapper, function, None)
+        if fn is None:
+            raise AmdSmiCallError(function, MISSING)
+        tid = threading.get_ident()
+        self._current[tid] = function
+        try:
+            status = int(fn(*args))
+        finally:
+            self._current.pop(tid, None)
+        if status != 0:
+            self._count(function, status)
+            raise AmdSmiCallError(function, status)
+
     def query(self, function: str, *args: Any) -> Any:
         """As `call`, but None where the answer is "not here": not supported by the device
         or release, not implemented, not permitted, or missing from the bindings."""

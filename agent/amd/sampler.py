@@ -24,7 +24,7 @@ from typing import Any
 
 from gpuscope.agent.accelerators.gate import Blocked, GpuGates, Job
 from gpuscope.agent.amd.device import Device, Integrals
-from gpuscope.agent.amd.library import AmdSmi, AmdSmiCallError, number
+from gpuscope.agent.amd.library import UNAVAILABLE, AmdSmi, AmdSmiCallError, number
 from gpuscope.agent.clock import Clock
 
 log = logging.getLogger("gpuscope.amd.sampler")
@@ -58,12 +58,51 @@ class _State:
     integrals: Integrals = field(default_factory=Integrals)
 
 
+U32_NA, U64_NA = 0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF
+
+
+def read_accumulators(lib: AmdSmi, handle: Any) -> dict[str, Any]:
+    """The few gpu_metrics fields a tick needs, read from the wrapper's struct: the
+    bindings' `amdsmi_get_gpu_metrics_info` converts all of its 4,544 bytes (about 80 entries,
+    per-XCP lists included) into a dict, three quarters of a tick's cost. All-ones is "not
+    available", as the bindings read it; a field the installed release's struct lacks is
+    absent. {} where the GPU or release has no metrics table."""
+    import ctypes
+
+    wrapper = lib.module.amdsmi_wrapper
+    table = wrapper.amdsmi_gpu_metrics_t()
+    try:
+        lib.raw("amdsmi_get_gpu_metrics_info", handle, ctypes.byref(table))
+    except AmdSmiCallError as exc:
+        if exc.status in UNAVAILABLE:
+            return {}
+        raise
+
+    def field(name: str, na: int) -> int | None:
+        value = getattr(table, name, None)
+        return None if value is None or value == na else int(value)
+
+    got: dict[str, Any] = {
+        "accumulation_counter": field("accumulation_counter", U64_NA),
+        "gfx_activity_acc": field("gfx_activity_acc", U32_NA),
+    }
+    for key in RESIDENCY:
+        got[key] = field(key, U64_NA)
+    stats = getattr(table, "xcp_stats", None)
+    if stats is not None:
+        got["xcp_stats.gfx_busy_acc"] = [
+            [None if v == U64_NA else int(v) for v in getattr(xcp, "gfx_busy_acc", ())]
+            for xcp in stats
+        ]
+    return got
+
+
 def sample(lib: AmdSmi, device: Device) -> _Sample:
     """(On the GPU's worker.) The accumulators of XCP 0 (the only one with the device-wide
     gpu_metrics) or, without them, the activity now."""
     metrics: Mapping[str, Any] = {}
     try:
-        metrics = lib.query("amdsmi_get_gpu_metrics_info", device.primary) or {}
+        metrics = read_accumulators(lib, device.primary)
     except AmdSmiCallError as exc:
         log.debug("%s: %s", device.identity.pci_bus_id, exc)
     counter, gfx_acc = number(metrics.get("accumulation_counter")), None
