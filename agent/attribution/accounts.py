@@ -84,8 +84,8 @@ class Accounts:
             # A pod whose name the API never gave cannot be compared: not counted.
         now, monotonic = self._clock.time(), self._clock.monotonic()
         parts = {p.uuid: (r, p) for r in readings for p in r.partitions}
-        # Copies: an AMD GPU's first partition may share its GPU's UUID, so a holding can be
-        # added to the very list being walked (which then never ends).
+        # Copies: the lists are extended below and must not be the ones walked (a partition
+        # keyed as its GPU once made that loop endless).
         by_device: dict[str, list[GpuHolding]] = {u: list(hs) for u, hs in holders.items()}
         for h in [h for hs in holders.values() for h in hs if h.mig_uuid]:
             held = by_device.setdefault(h.mig_uuid, [])
@@ -96,8 +96,12 @@ class Accounts:
             GpuIdleInput(u, p.idle_seconds, last_active.get(u), p.share)
             for u, (_, p) in parts.items()
         ]
+        # A partitioned GPU is accounted by its partitions, as for low activity: its own
+        # (device-wide) idle time would charge every partition's holder for the others'.
         gpu_inputs = [
-            GpuIdleInput(r.identity.uuid, r.idle_seconds, r.last_active_timestamp) for r in readings
+            GpuIdleInput(r.identity.uuid, r.idle_seconds, r.last_active_timestamp)
+            for r in readings
+            if not r.partitions
         ]
         gauges = self.idle.evaluate(
             [*gpu_inputs, *mig_inputs], by_device, now=now, monotonic=monotonic, judge=judge

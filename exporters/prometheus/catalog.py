@@ -39,14 +39,13 @@ AGENT_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "gpuscope_collector_absent",
         "gauge",
-        "1 while what the collector reads is confirmed not on this host (no GPU driver or "
-        "vendor library: the amd collector on an NVIDIA node, gpu on an AMD one): "
+        "Always 1, while what the collector reads is confirmed not on this host (no GPU "
+        "driver or vendor library: the amd collector on an NVIDIA node, gpu on an AMD one): "
         "gpuscope_collector_success is 0 but nothing is failing. GpuscopeCollectorFailing "
         "leaves such collectors out.",
         ("collector",),
         "agent",
-        "While the collector's source is absent; every enabled collector (0 or 1) at full detail.",
-        at_default="some",
+        "Only while the collector's source is absent, at every detail level.",
     ),
     MetricSpec(
         "gpuscope_collector_duration_seconds",

@@ -57,7 +57,7 @@ def test_restarted_before_the_driver_the_agent_keeps_the_labels_until_it_loads(
         second = agent_process(*args, env=env | {"FAKENVML_STATE": str(later)})
         wait_for(lambda: labels_of(server).get(f"{P}gpu.healthy") == "0", 10, "healthy 0")
         assert labels_of(server) == {**published, f"{P}gpu.healthy": "0"}
-        held = "holding the 19 node labels last published"
+        held = "holding the 20 node labels last published"
         wait_for(lambda: held in second.logs(), 10, "the hold logged")
 
         shutil.copy(fake.state_path, tmp_path / "copy.state")

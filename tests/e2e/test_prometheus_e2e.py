@@ -116,7 +116,7 @@ WHY_IDLE_PANELS = frozenset(
 KUBE_STATE_METRICS_RULES = frozenset(
     {"namespace_workload:gpuscope_gpus_allocated_gang_pending:count"}
 )
-BROKEN_NODE = "broken-node"  # an agent whose gpu collector fails (no NVML library)
+BROKEN_NODE = "broken-node"  # an agent whose gpu collector fails (NVML's init fails)
 GONE_NODE = "gone-node"  # a target nothing listens on
 # The dashboards' cluster variable reads this label (a Thanos or Mimir external label,
 # here a target label); the queries run with its All value (.*), as on a single Prometheus.
@@ -188,6 +188,16 @@ AMD_PROVOKED: dict[str, dict[str, str]] = {
 # NVML, reads failing: its own alert).
 AMD_COLLECTORS = "amd,net,nic,rdma,kubelet,pods"
 _COMPARISON = re.compile(r"(==|!=|>=|<=|>(?!=)|<(?!=))(?!\s*bool\b)")
+
+
+def broken_driver(tmp_path: Path) -> dict[str, str]:
+    """A node whose NVIDIA library is there but whose nvmlInit fails (the fake NVML reading
+    a state file that is not one): a failing collector. A node with no library at all would
+    be an absent one, which GpuscopeCollectorFailing leaves out."""
+    state = tmp_path / "broken-nvml.state"
+    state.write_text("not a state file\n")
+    env = FakeNvml("dgx-h100", tmp_path / "broken-base.state").env()
+    return {**env, "FAKENVML_STATE": str(state)}
 
 
 # --- PromQL rewriting for the alert checks ------------------------------------------------
@@ -443,7 +453,7 @@ def gpu_node(
         )  # fmt: skip
         broken = agent_process(
             "--collectors", "gpu", "--labels-mode", "none", *detail,
-            env={"LD_LIBRARY_PATH": "/nonexistent"},
+            env=broken_driver(tmp_path),
         )  # fmt: skip
         stop = threading.Event()
         targets = {
@@ -510,7 +520,7 @@ def amd_node(
         env=fake.env(),
     )  # fmt: skip
     broken = agent_process(
-        "--collectors", "gpu", "--labels-mode", "none", env={"LD_LIBRARY_PATH": "/nonexistent"}
+        "--collectors", "gpu", "--labels-mode", "none", env=broken_driver(tmp_path)
     )
     stop = threading.Event()
     targets = {

@@ -135,6 +135,7 @@ def test_a_host_without_rocm_reports_amd_absent_in_one_line(
         agent.stop()
     assert m.value("gpuscope_collector_success", collector="amd") == 0.0
     assert m2.value("gpuscope_collector_success", collector="amd") == 0.0
+    assert m2.value("gpuscope_collector_absent", collector="amd") == 1.0  # not failing
     assert "gpuscope_gpu_info" not in m.names()
     lines = [r.getMessage() for r in caplog.records if "libamd_smi.so not found" in r.getMessage()]
     assert len(lines) == 1, lines

@@ -15,6 +15,8 @@ FLAG_ONLY: set[str] = set()
 # Exported only while a driver refuses something (tests/integration/test_nvml_divergences.py)
 # or while a GPU is stuck or fenced (test_gpu_hang.py, test_gpu_fence.py).
 FAULT_ONLY = {
+    # A collector whose library is not on the host (test_amd_collector.py).
+    "gpuscope_collector_absent",
     "gpuscope_gpu_processes_refused",
     "gpuscope_gpu_stuck_call_info",
     "gpuscope_gpu_fatal_xid_info",
