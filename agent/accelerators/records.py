@@ -35,6 +35,21 @@ class DeviceIdentity:
     vendor: str
 
 
+def unknown_identity(index: int, vendor: str) -> DeviceIdentity:
+    """A device the library enumerates but that has not answered to be identified: its
+    position and vendor, nothing else."""
+    return DeviceIdentity(
+        index=index,
+        uuid="",
+        model="",
+        pci_bus_id="",
+        serial="",
+        architecture="unknown",
+        numa_node=None,
+        vendor=vendor,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class DeviceProcess:
     """A process with a compute context on the device (a host PID)."""

@@ -21,6 +21,7 @@ from gpuscope.agent.accelerators.records import (
     DeviceProcess,
     InterconnectLink,
     Partition,
+    unknown_identity,
 )
 from gpuscope.agent.amd.library import UNAVAILABLE, AmdSmi, AmdSmiCallError, number
 from gpuscope.agent.amd.records import VENDOR, AmdGpu, AmdGpuReading, AmdReading
@@ -265,16 +266,7 @@ class Integrals:
 def unknown_reading(index: int) -> AmdGpu:
     """A GPU AMD SMI enumerates but that has not answered to be identified: its position,
     down, nothing else."""
-    identity = DeviceIdentity(
-        index=index,
-        uuid="",
-        model="",
-        pci_bus_id="",
-        serial="",
-        architecture="unknown",
-        numa_node=None,
-        vendor=VENDOR,
-    )
+    identity = unknown_identity(index, VENDOR)
     return AmdGpuReading(identity=identity, up=False, extension=AmdReading(socket=index))
 
 

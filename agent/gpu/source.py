@@ -20,6 +20,7 @@ from functools import partial
 from pathlib import Path
 
 from gpuscope.agent.accelerators.gate import DEFAULT_DEADLINE, Blocked, GpuGates, Job
+from gpuscope.agent.accelerators.records import unknown_identity
 from gpuscope.agent.clock import Clock, SystemClock
 from gpuscope.agent.gpu import device as dev
 from gpuscope.agent.gpu.nvml import GpuLost, Nvml, NvmlCallError, text
@@ -277,13 +278,4 @@ def _blocked_text(blocked: Blocked) -> str:
 
 
 def _unknown(index: int) -> GpuIdentity:
-    return GpuIdentity(
-        index=index,
-        uuid="",
-        model="",
-        pci_bus_id="",
-        serial="",
-        architecture="unknown",
-        numa_node=None,
-        vendor=VENDOR,
-    )
+    return unknown_identity(index, VENDOR)

@@ -14,10 +14,17 @@ from gpuscope.agent.accelerators.records import AcceleratorReading
 from gpuscope.agent.amd.collector import AMD, AmdOptions
 from gpuscope.agent.amd.records import AmdGpus, AmdReading, amd, node
 from gpuscope.exporters.prometheus.catalog_amd import AMD_METRICS
+from gpuscope.exporters.prometheus.devices import (
+    DeviceLabels,
+    add_labelled,
+    add_link_states,
+    add_scalars,
+    add_stuck,
+    add_unsampled,
+    device_labels,
+)
 from gpuscope.exporters.prometheus.families import Families
 from gpuscope.exporters.prometheus.render import RenderContext, Renderer
-
-DeviceLabels = tuple[str, str]
 
 # The clocks served at the default level, as for NVIDIA: the compute clock and memory; the
 # temperatures: the die, the memory and the board edge (the per-HBM-stack ones at full detail).
@@ -35,7 +42,7 @@ def render_amd(
 def _render_one(snapshot: AmdGpus, r: AcceleratorReading[AmdReading], out: Families) -> None:
     """One GPU. A GPU that is down keeps its info, `up` and event series and gets nothing
     else."""
-    dev = (str(r.identity.index), r.identity.uuid)
+    dev = device_labels(r)
     x = amd(r)
     ident = r.identity
     out.add(
@@ -56,10 +63,7 @@ def _render_one(snapshot: AmdGpus, r: AcceleratorReading[AmdReading], out: Famil
         1,
     )
     out.add("gpuscope_gpu_up", dev, 1 if r.up else 0)
-    if r.stuck_seconds or out.full("gpuscope_gpu_stuck_seconds"):
-        out.add("gpuscope_gpu_stuck_seconds", dev, r.stuck_seconds or 0.0)
-    if r.stuck_seconds is not None and r.stuck_call:
-        out.add("gpuscope_gpu_stuck_call_info", (*dev, r.stuck_call), 1)
+    add_stuck(out, dev, r)
     for event, count in sorted(x.events.items()):
         out.add("gpuscope_gpu_events_total", (*dev, event), count)
     watched = node(snapshot).events_watched
@@ -113,12 +117,8 @@ def _render_scalars(
         ("gpuscope_gpu_xgmi_transmit_bytes_total", r.link_transmit_bytes),
         ("gpuscope_gpu_xgmi_receive_bytes_total", r.link_receive_bytes),
     )
-    for name, value in scalars:
-        if value is not None:
-            out.add(name, dev, float(value))
-    unsampled = r.unsampled_seconds
-    if unsampled is not None and (unsampled or out.full("gpuscope_gpu_unsampled_seconds_total")):
-        out.add("gpuscope_gpu_unsampled_seconds_total", dev, float(unsampled))
+    add_scalars(out, dev, scalars)
+    add_unsampled(out, dev, r)
 
 
 def _render_labelled(
@@ -133,7 +133,6 @@ def _render_labelled(
     reasons: Mapping[str, bool] = r.throttle_reasons
     if not out.full("gpuscope_gpu_throttle_reasons"):
         reasons = {k: v for k, v in reasons.items() if v}
-    labelled: tuple[tuple[str, Mapping[str, float] | Mapping[str, int] | Mapping[str, bool]], ...]
     labelled = (
         ("gpuscope_gpu_temperature_celsius", temperatures),
         ("gpuscope_gpu_clock_hertz", clocks),
@@ -145,19 +144,14 @@ def _render_labelled(
         ("gpuscope_gpu_ecc_errors_total", r.ecc_errors),
         ("gpuscope_gpu_retired_pages", x.bad_pages),
     )
-    for name, values in labelled:
-        for label, value in values.items():
-            out.add(name, (*dev, label), float(value))
+    add_labelled(out, dev, labelled)
 
 
 def _render_xgmi(r: AcceleratorReading[AmdReading], dev: DeviceLabels, out: Families) -> None:
     """Per GPU the links up and down; per link the state of those down (every link at full
     detail) and the throughput at full detail."""
     links = r.links
-    states = [link.up for link in links if link.up is not None]
-    if states:
-        out.add("gpuscope_gpu_xgmi_links", (*dev, "up"), sum(1 for up in states if up))
-        out.add("gpuscope_gpu_xgmi_links", (*dev, "down"), sum(1 for up in states if not up))
+    add_link_states(out, dev, "gpuscope_gpu_xgmi_links", links)
     every = out.full("gpuscope_gpu_xgmi_link_up")
     for link in links:
         link_id = str(link.link)

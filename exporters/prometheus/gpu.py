@@ -25,10 +25,17 @@ from gpuscope.agent.gpu.records import (
     nvidia,
 )
 from gpuscope.exporters.prometheus.catalog_gpu import GPU_METRICS
+from gpuscope.exporters.prometheus.devices import (
+    DeviceLabels,
+    add_labelled,
+    add_link_states,
+    add_scalars,
+    add_stuck,
+    add_unsampled,
+    device_labels,
+)
 from gpuscope.exporters.prometheus.families import Families
 from gpuscope.exporters.prometheus.render import RenderContext, Renderer
-
-DeviceLabels = tuple[str, str]  # the (gpu, uuid) labels every device series starts with
 
 
 def render_gpu(
@@ -48,7 +55,7 @@ NOT_A_SLOWDOWN = frozenset({"idle"})
 def _render_one(snapshot: GpuSnapshot, r: NvidiaGpu, out: Families) -> None:
     """One GPU. A GPU that is down keeps its info, `up` and XID series, so alerts on it
     still have their labels, and gets nothing else."""
-    dev = (str(r.identity.index), r.identity.uuid)
+    dev = device_labels(r)
     x = nvidia(r)
     _render_info(snapshot, r, x, dev, out)
     out.add("gpuscope_gpu_up", dev, 1 if r.up else 0)
@@ -75,10 +82,7 @@ def _render_blocked(r: NvidiaGpu, x: NvidiaReading, dev: DeviceLabels, out: Fami
     """Why a GPU is not being read: stuck in a call, or fenced after a fatal XID. At full
     detail the two gauges are on every GPU (0 when it answers); at the default level, and
     the info series always, only while they apply."""
-    if r.stuck_seconds or out.full("gpuscope_gpu_stuck_seconds"):
-        out.add("gpuscope_gpu_stuck_seconds", dev, r.stuck_seconds or 0.0)
-    if r.stuck_seconds is not None and r.stuck_call:
-        out.add("gpuscope_gpu_stuck_call_info", (*dev, r.stuck_call), 1)
+    add_stuck(out, dev, r)
     if x.fenced_xid is not None or out.full("gpuscope_gpu_fenced"):
         out.add("gpuscope_gpu_fenced", dev, 1 if x.fenced_xid is not None else 0)
     if x.fenced_xid is not None:
@@ -131,14 +135,8 @@ def _render_scalars(r: NvidiaGpu, x: NvidiaReading, dev: DeviceLabels, out: Fami
         ("gpuscope_gpu_row_remap_pending", x.row_remap_pending),
         ("gpuscope_gpu_row_remap_failure", x.row_remap_failure),
     )
-    for name, value in scalars:
-        if value is not None:
-            out.add(name, dev, float(value))
-    # Time no sample covered: at the default level once there is any (a healthy sampler has
-    # none), at full detail from 0.
-    unsampled = r.unsampled_seconds
-    if unsampled is not None and (unsampled or out.full("gpuscope_gpu_unsampled_seconds_total")):
-        out.add("gpuscope_gpu_unsampled_seconds_total", dev, float(unsampled))
+    add_scalars(out, dev, scalars)
+    add_unsampled(out, dev, r)
     if x.recovery_action is not None:
         action = fields.recovery_action_name(x.recovery_action)
         code = str(x.recovery_action)
@@ -165,9 +163,7 @@ def _render_labelled(r: NvidiaGpu, x: NvidiaReading, dev: DeviceLabels, out: Fam
         ("gpuscope_gpu_ecc_errors_total", r.ecc_errors),
         ("gpuscope_gpu_remapped_rows_total", x.remapped_rows),
     )
-    for name, values in labelled:
-        for label, value in values.items():
-            out.add(name, (*dev, label), float(value))
+    add_labelled(out, dev, labelled)
 
 
 def _render_nvlinks(links: Sequence[NvLink], dev: DeviceLabels, out: Families) -> None:
@@ -177,10 +173,7 @@ def _render_nvlinks(links: Sequence[NvLink], dev: DeviceLabels, out: Families) -
     at full detail or with --nvlink-per-link (18 series per H100 each)."""
     if not links:
         return
-    states = [link.up for link in links if link.up is not None]
-    if states:
-        out.add("gpuscope_gpu_nvlink_links", (*dev, "up"), sum(1 for up in states if up))
-        out.add("gpuscope_gpu_nvlink_links", (*dev, "down"), sum(1 for up in states if not up))
+    add_link_states(out, dev, "gpuscope_gpu_nvlink_links", links)
     totals: dict[str, int] = {}
     for link in links:
         for kind, count in link.errors.items():
