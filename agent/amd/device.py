@@ -298,6 +298,7 @@ def read(
     pcie = lib.query("amdsmi_get_pcie_info", h) or {}
     metric, static = pcie.get("pcie_metric", {}), pcie.get("pcie_static", {})
     links = xgmi_links(lib, h)
+    clocks = _clocks(lib, h)
     used, total = number(vram.get("vram_used")), number(vram.get("vram_total"))
     used_bytes = int(used) * MIB if used is not None else None
     total_bytes = int(total) * MIB if total else None
@@ -334,8 +335,8 @@ def read(
         power_limit_watts=_positive(power.get("power_limit")),
         energy_joules=_energy(lib, h),
         temperatures_celsius=_temperatures(lib, h),
-        clocks_hertz=_clocks(lib, h, "clk"),
-        clocks_max_hertz=_clocks(lib, h, "max_clk"),
+        clocks_hertz=clocks.get("clk", {}),
+        clocks_max_hertz=clocks.get("max_clk", {}),
         throttle_reasons=integrals.throttling,
         pcie_replay_errors=_int(metric.get("pcie_replay_count")),
         pcie_link_generation=_generations(metric.get("pcie_speed"), static.get("max_pcie_speed")),
@@ -419,14 +420,17 @@ def _temperatures(lib: AmdSmi, h: Any) -> dict[str, float]:
     return found
 
 
-def _clocks(lib: AmdSmi, h: Any, key: str) -> dict[str, float]:
+def _clocks(lib: AmdSmi, h: Any) -> dict[str, dict[str, float]]:
+    """Each clock domain's current ("clk") and maximum ("max_clk") frequency in hertz, one
+    call per domain."""
     m = lib.module
-    found: dict[str, float] = {}
+    found: dict[str, dict[str, float]] = {"clk": {}, "max_clk": {}}
     for member, clock in CLOCKS:
         info = lib.query("amdsmi_get_clock_info", h, m.AmdSmiClkType[member]) or {}
-        mhz = number(info.get(key))
-        if mhz is not None:
-            found[clock] = mhz * 1e6
+        for key, values in found.items():
+            mhz = number(info.get(key))
+            if mhz is not None:
+                values[clock] = mhz * 1e6
     return found
 
 
