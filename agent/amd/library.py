@@ -37,7 +37,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from gpuscope.agent.runtime.sources import SourceAbsent, SourceUnavailable
+from gpuscope.agent.runtime.sources import SourceNotInstalled, SourceUnavailable
 
 log = logging.getLogger("gpuscope.amd")
 
@@ -157,16 +157,16 @@ class AmdSmi:
 
     def init(self) -> None:
         """Import the bindings (loading the library) and initialise for AMD GPUs. Raises
-        `SourceAbsent` where there is no library or no package, `SourceUnavailable` where
-        they are there but unusable."""
+        `SourceNotInstalled` where there is no library or no package, `SourceUnavailable`
+        where they are there but unusable."""
         if importlib.util.find_spec("amdsmi") is None:
-            raise SourceAbsent(
+            raise SourceNotInstalled(
                 "AMD SMI: the amdsmi package is not installed (pip install gpuscope[amd])"
             )
         self.path = library_path()
         if self.path is None:
             rocm = os.environ.get("ROCM_PATH") or "/opt/rocm"
-            raise SourceAbsent(
+            raise SourceNotInstalled(
                 f"AMD SMI library {LIBRARY} not found (ROCM_PATH={rocm}): no ROCm on this host"
             )
         self.node_bindings = node_bindings()

@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from gpuscope.agent.runtime.sources import SourceAbsent, SourceUnavailable
+from gpuscope.agent.runtime.sources import SourceAbsent, SourceNotInstalled, SourceUnavailable
 
 log = logging.getLogger("gpuscope.gpu.nvml")
 
@@ -120,8 +120,11 @@ class Nvml:
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError as exc:
-            # No library or no driver at all: NVIDIA GPUs are absent, not failing.
-            absent = exc.value in (LIBRARY_NOT_FOUND, DRIVER_NOT_LOADED)
+            # No library or no driver at all: NVIDIA GPUs are absent, not failing; without the
+            # library not even installed (a node of another vendor, or none).
+            if exc.value == LIBRARY_NOT_FOUND:
+                raise SourceNotInstalled(_init_failure(exc.value, str(exc))) from exc
+            absent = exc.value == DRIVER_NOT_LOADED
             raise (SourceAbsent if absent else SourceUnavailable)(
                 _init_failure(exc.value, str(exc))
             ) from exc

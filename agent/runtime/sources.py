@@ -42,6 +42,13 @@ class SourceAbsent(SourceUnavailable):
     node labels withdraw only after an absence lasts, never after a fault."""
 
 
+class SourceNotInstalled(SourceAbsent):
+    """Absent because the vendor's library itself is not on this host (no NVML, no ROCm):
+    nothing of this kind is here to read, as the `amd` collector finds on an NVIDIA node.
+    A library that is there with its driver not loaded is only `SourceAbsent`: on a node of
+    that vendor, that is an incident. The result says so (`SourceResult.not_installed`)."""
+
+
 class SourceStale(SourceUnavailable):
     """The source failed, but holds the last records it read, still worth using.
 
@@ -104,6 +111,7 @@ class SourceResult(Generic[R]):
     stuck: bool = False
     last_success: float | None = None
     absent: bool = False  # failed because what it reads is not there (`SourceAbsent`)
+    not_installed: bool = False  # ... because its library is not on the host at all
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,10 +159,11 @@ class _NotStarted(SourceUnavailable):
     """A collection found its source not started: the start's error, already in one line,
     and whether it was an absence (`SourceAbsent`)."""
 
-    def __init__(self, error: str, absent: bool) -> None:
+    def __init__(self, error: str, absent: bool, not_installed: bool = False) -> None:
         super().__init__(error)
         self.error = error
         self.absent = absent
+        self.not_installed = not_installed
 
 
 class _CollectorVoice:
@@ -235,7 +244,8 @@ class SourceRunner:
         self._state_lock = threading.Lock()  # guards the start bookkeeping below
         self._started: set[str] = set()
         # By source: error, retry at, delay, whether the error was an absence.
-        self._start_failure: dict[str, tuple[str, float, float, bool]] = {}
+        # name -> (error, retry at, delay, absent, not installed)
+        self._start_failure: dict[str, tuple[str, float, float, bool, bool]] = {}
 
     @property
     def names(self) -> list[str]:
@@ -259,15 +269,22 @@ class SourceRunner:
             now = self._clock.monotonic()
             failed = self._start_failure.get(source.name)
             if failed is not None and now < failed[1]:
-                return _NotStarted(failed[0], failed[3])  # not yet time to retry
+                return _NotStarted(failed[0], failed[3], failed[4])  # not yet time to retry
         try:
             source.start()
         except Exception as exc:  # noqa: BLE001 - any failure must stay inside the source
             error, absent = describe(exc), isinstance(exc, SourceAbsent)
+            not_installed = isinstance(exc, SourceNotInstalled)
             delay = min(RETRY_MAX, failed[2] * 2) if failed else RETRY_FIRST
             with self._state_lock:
-                self._start_failure[source.name] = (error, now + delay, delay, absent)
-            return _NotStarted(error, absent)
+                self._start_failure[source.name] = (
+                    error,
+                    now + delay,
+                    delay,
+                    absent,
+                    not_installed,
+                )
+            return _NotStarted(error, absent, not_installed)
         with self._state_lock:
             self._start_failure.pop(source.name, None)
             self._started.add(source.name)
@@ -301,6 +318,9 @@ class SourceRunner:
         error = outcome.error
         exc = outcome.exc
         absent = isinstance(exc, SourceAbsent) or (isinstance(exc, _NotStarted) and exc.absent)
+        not_installed = isinstance(exc, SourceNotInstalled) or (
+            isinstance(exc, _NotStarted) and exc.not_installed
+        )
         if outcome.stuck:
             error = f"stuck: its collection has been running for {outcome.duration:.1f} s"
         elif isinstance(outcome.exc, SourceStale):
@@ -314,6 +334,7 @@ class SourceRunner:
             stuck=outcome.stuck,
             last_success=outcome.last_success,
             absent=absent and not outcome.stuck,
+            not_installed=not_installed and not outcome.stuck,
         )
 
     def stuck(self) -> dict[str, float]:

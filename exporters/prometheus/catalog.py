@@ -39,10 +39,11 @@ AGENT_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "gpuscope_collector_absent",
         "gauge",
-        "Always 1, while what the collector reads is confirmed not on this host (no GPU "
-        "driver or vendor library: the amd collector on an NVIDIA node, gpu on an AMD one): "
+        "Always 1, while the vendor library the collector reads is not installed on this "
+        "host (the amd collector on an NVIDIA node, gpu on an AMD one): "
         "gpuscope_collector_success is 0 but nothing is failing. GpuscopeCollectorFailing "
-        "leaves such collectors out.",
+        "leaves such collectors out; a library that is there with its driver not loaded is "
+        "not absent in this sense, and fires it.",
         ("collector",),
         "agent",
         "Only while the collector's source is absent, at every detail level.",

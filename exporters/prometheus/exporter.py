@@ -133,7 +133,7 @@ class PrometheusExporter(Collector):
 def _status(out: Families, result: SourceResult[Any], ok: bool) -> None:
     """The health series of one collector (or the attribution stage)."""
     out.add("gpuscope_collector_success", (result.name,), 1 if ok else 0)
-    if result.absent:  # only then, at every level: rules select it without a comparison
+    if result.not_installed:  # only then, at every level: rules select it without comparing
         out.add("gpuscope_collector_absent", (result.name,), 1)
     out.add("gpuscope_collector_duration_seconds", (result.name,), result.duration_seconds)
     out.add("gpuscope_collector_stuck", (result.name,), 1 if result.stuck else 0)

@@ -11,7 +11,7 @@ from gpuscope.agent.app.config import parse
 from gpuscope.agent.app.exposition import exposition_of
 from gpuscope.agent.clock import ManualClock
 from gpuscope.agent.gpu.collector import GPU
-from gpuscope.agent.runtime.sources import SourceAbsent, SourceUnavailable
+from gpuscope.agent.runtime.sources import SourceAbsent, SourceNotInstalled, SourceUnavailable
 from gpuscope.exporters.prometheus.exporter import PrometheusExporter
 from gpuscope.exporters.prometheus.render import Renderer
 from tests.support.promtext import Exposition
@@ -167,3 +167,27 @@ def test_an_absent_source_says_so_in_every_result_until_it_starts() -> None:
     clock.advance(10)
     assert agent.runner.collect().results["absent"].absent
     assert absent.started == 2
+
+
+class NotInstalled(Flaky):
+    """Its vendor library is not installed at all (an AMD collector on an NVIDIA node)."""
+
+    def start(self) -> None:
+        self.started += 1
+        raise SourceNotInstalled("vendor library not installed on this host")
+
+
+def test_a_library_not_installed_is_marked_apart_from_a_driver_not_loaded() -> None:
+    """GpuscopeCollectorFailing leaves out what gpuscope_collector_absent marks: a library
+    that is not installed (another vendor's node), never a driver that did not load on a
+    node of that vendor (an absence for the labels, but an incident)."""
+    clock = ManualClock()
+    missing, unloaded = NotInstalled("missing"), NoLibrary("unloaded")
+    agent = make(missing, unloaded, clock=clock)
+    for _ in range(2):  # at start, then between two tries
+        results = agent.runner.collect().results
+        assert results["missing"].absent and results["missing"].not_installed
+        assert results["unloaded"].absent and not results["unloaded"].not_installed
+    m = scrape(agent)
+    assert m.value("gpuscope_collector_absent", collector="missing") == 1
+    assert m.get("gpuscope_collector_absent", collector="unloaded") is None
