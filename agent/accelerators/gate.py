@@ -403,6 +403,19 @@ class GpuGates:
         with self._lock:
             return sum(g.started for g in self._gates.values())
 
+    def close_then(self, shutdown: Callable[[], None], wait: float = CLOSE_WAIT) -> None:
+        """Close every gate, then shut the library down, unless a worker is still blocked in
+        a call: the library's shutdown could block behind it, and the process is exiting
+        anyway (the kernel releases the driver's handles). One line names those GPUs."""
+        busy = self.close(wait)
+        if busy:
+            names = ", ".join(g.name for g in busy)
+            log.warning(
+                "%s left initialized: %s still blocked in a call", self._calls.library, names
+            )
+            return
+        shutdown()
+
     def close(self, wait: float = CLOSE_WAIT) -> list[Gate]:
         """Close every gate; return those still busy after waiting up to `wait` seconds."""
         with self._lock:

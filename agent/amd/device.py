@@ -122,21 +122,23 @@ def processors_by_socket(lib: AmdSmi) -> list[list[Any]]:
     for socket in lib.call("amdsmi_get_socket_handles"):
         count = ctypes.c_uint32()
         null = ctypes.POINTER(wrapper.amdsmi_processor_handle)()
-        _raw(lib, "amdsmi_get_processor_handles", socket, ctypes.byref(count), null)
+        lib.raw("amdsmi_get_processor_handles", socket, ctypes.byref(count), null)
         handles = (wrapper.amdsmi_processor_handle * count.value)()
-        _raw(lib, "amdsmi_get_processor_handles", socket, ctypes.byref(count), handles)
+        lib.raw("amdsmi_get_processor_handles", socket, ctypes.byref(count), handles)
         groups.append([wrapper.amdsmi_processor_handle(handles[i]) for i in range(count.value)])
     return groups
 
 
-def _raw(lib: AmdSmi, function: str, *args: Any) -> None:
-    """A C entry point through the wrapper, status checked as the bindings do."""
-    lib.raw(function, *args)
-
-
-def discover(lib: AmdSmi, index: int, handles: Sequence[Any], sysfs: Path) -> Device:
+def discover(
+    lib: AmdSmi,
+    index: int,
+    handles: Sequence[Any],
+    sysfs: Path,
+    xcp_names: Mapping[int, str] | None = None,
+) -> Device:
     """A GPU's identity from its processors (raises AmdSmiCallError if it does not
-    answer). Handles are ordered by XCP: the partition id the kernel gives each."""
+    answer). Handles are ordered by XCP: the partition id the kernel gives each.
+    `xcp_names` (`xcp_devices`) is read from sysfs when not given (once for all GPUs)."""
     ordered = sorted((_processor(lib, h) for h in handles), key=lambda p: p.partition_id)
     gpu_uuid = ordered[0].uuid  # the GPU's: XCP 0's, the whole GPU's when unpartitioned
     processors = distinct(ordered, gpu_uuid) if len(ordered) > 1 else ordered
@@ -159,7 +161,8 @@ def discover(lib: AmdSmi, index: int, handles: Sequence[Any], sysfs: Path) -> De
     )
     compute = lib.query("amdsmi_get_gpu_compute_partition", h) or ""
     memory = lib.query("amdsmi_get_gpu_memory_partition", h) or ""
-    xcp_names = xcp_devices(sysfs)
+    if xcp_names is None:
+        xcp_names = xcp_devices(sysfs)
     device_id = number(asic.get("device_id"))
     units = number(asic.get("num_compute_units"))
     oam = number(asic.get("oam_id"))
@@ -502,7 +505,7 @@ def _link_metrics(lib: AmdSmi, h: Any) -> Mapping[str, Any] | None:
     wrapper = lib.module.amdsmi_wrapper
     raw = wrapper.amdsmi_link_metrics_t()
     try:
-        _raw(lib, "amdsmi_get_link_metrics", h, ctypes.byref(raw))
+        lib.raw("amdsmi_get_link_metrics", h, ctypes.byref(raw))
     except AmdSmiCallError as exc:
         if exc.status in UNAVAILABLE:
             return None

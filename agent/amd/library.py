@@ -32,7 +32,7 @@ import os
 import sys
 import threading
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -211,16 +211,13 @@ class AmdSmi:
         fn = getattr(module, function, None)
         if fn is None:
             raise AmdSmiCallError(function, MISSING)
-        tid = threading.get_ident()
-        self._current[tid] = function
-        try:
-            return fn(*args)
-        except module.AmdSmiLibraryException as exc:
-            status = int(exc.get_error_code())
-            self._count(function, status)
-            raise AmdSmiCallError(function, status) from exc
-        finally:
-            self._current.pop(tid, None)
+        with self._inside(function):
+            try:
+                return fn(*args)
+            except module.AmdSmiLibraryException as exc:
+                status = int(exc.get_error_code())
+                self._count(function, status)
+                raise AmdSmiCallError(function, status) from exc
 
     def raw(self, function: str, *args: Any) -> None:
         """The C entry point `function` through the bindings' wrapper (ctypes arguments, the
@@ -230,12 +227,8 @@ class AmdSmi:
         fn = getattr(self.module.amdsmi_wrapper, function, None)
         if fn is None:
             raise AmdSmiCallError(function, MISSING)
-        tid = threading.get_ident()
-        self._current[tid] = function
-        try:
+        with self._inside(function):
             status = int(fn(*args))
-        finally:
-            self._current.pop(tid, None)
         if status != 0:
             self._count(function, status)
             raise AmdSmiCallError(function, status)
@@ -249,6 +242,16 @@ class AmdSmi:
             if exc.status in UNAVAILABLE:
                 return None
             raise
+
+    @contextlib.contextmanager
+    def _inside(self, function: str) -> Iterator[None]:
+        """This thread is in `function` meanwhile (`current_call`)."""
+        tid = threading.get_ident()
+        self._current[tid] = function
+        try:
+            yield
+        finally:
+            self._current.pop(tid, None)
 
     def current_call(self, thread_id: int) -> str | None:
         """The library function thread `thread_id` is in now, or None between calls."""

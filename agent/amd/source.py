@@ -93,11 +93,13 @@ class AmdSource:
         self.library_version = lib.library_version
         self.devices = []
         self._pending = {}
+        xcp_names = dev.xcp_devices(self.config.sysfs)
         for index, handles in enumerate(dev.processors_by_socket(lib)):
             if not handles:
                 continue
             try:
-                self.devices.append(dev.discover(lib, index, handles, self.config.sysfs))
+                found = dev.discover(lib, index, handles, self.config.sysfs, xcp_names)
+                self.devices.append(found)
             except AmdSmiCallError as exc:
                 log.warning("AMD GPU %d does not answer: %s; retried each collection", index, exc)
                 self._pending[index] = handles
@@ -190,12 +192,7 @@ class AmdSource:
         if self.sampler is not None:
             self.sampler.stop()
             self.sampler = None
-        busy = self.gates.close()
-        if busy:
-            names = ", ".join(g.name for g in busy)
-            log.warning("AMD SMI left initialised: %s still blocked in a call", names)
-            return
-        self.lib.shutdown()
+        self.gates.close_then(self.lib.shutdown)
 
 
 # amdsmi_io_link_type_t (amdsmi.h); the bindings return the number.

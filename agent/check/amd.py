@@ -32,22 +32,19 @@ from typing import Any
 
 from gpuscope.agent.amd import device as dev
 from gpuscope.agent.amd.library import AmdSmi, AmdSmiCallError, number, status_name
+from gpuscope.agent.amd.sampler import read_accumulators
 from gpuscope.agent.amd.source import AmdSource
 from gpuscope.agent.app.agent import Agent
-from gpuscope.agent.app.config import parse
 from gpuscope.agent.check.common import (
     FAIL,
     Check,
     not_checked,
-    say,
-    scrape,
     stats,
     timed,
-    value,
     verdict,
 )
-from gpuscope.agent.check.series_budget import SERIES_BUDGET, series_by_gpu
-from gpuscope.exporters.prometheus.exporter import PrometheusExporter
+from gpuscope.agent.check.series_budget import check_series_budget
+from gpuscope.agent.check.session import start_agent
 
 ACTIVITY_TOLERANCE = 0.05  # accumulator vs sampled busy share, absolute
 SAMPLE_EVERY = 0.1  # seconds between the sampled activity reads
@@ -55,20 +52,7 @@ SAMPLE_EVERY = 0.1  # seconds between the sampled activity reads
 
 def start_amd_agent(args: Any) -> tuple[Agent, AmdSource] | Check:
     """The agent with the `amd` collector only, at full detail."""
-    argv = ["--listen", ":0", "--collectors", "amd", "--metrics-detail", "full"]
-    agent = Agent(parse(argv, env={}))
-    t = time.perf_counter()
-    agent.start()
-    source = agent.source("amd")
-    first = scrape(agent)
-    if (
-        not isinstance(source, AmdSource)
-        or value(first, "gpuscope_collector_success", collector="amd") != 1
-    ):
-        agent.stop()
-        return Check("agent_start", FAIL, "the amd collector did not start (see the log)", {})
-    say(f"agent ready in {time.perf_counter() - t:.2f} s: {len(source.devices)} AMD GPU(s)")
-    return agent, source
+    return start_agent(args, "amd", AmdSource)
 
 
 def inventory(source: AmdSource) -> dict[str, Any]:
@@ -102,9 +86,18 @@ def run_amd_checks(args: Any, agent: Agent, source: AmdSource) -> list[Check]:
         check_events(source),
         check_memory(lib, source),
         check_xgmi(lib, source.devices, args.settle_seconds),
-        check_amd_series_budget(agent),
+        check_series_budget(agent, args, "amd"),
     ]
     return checks
+
+
+def _accumulators(lib: AmdSmi, h: Any) -> dict[str, Any]:
+    """The fields as the agent's sampler reads them (from the wrapper's struct); {} where a
+    GPU does not answer, which the check then reports."""
+    try:
+        return read_accumulators(lib, h)
+    except AmdSmiCallError:
+        return {}
 
 
 def _metrics(lib: AmdSmi, h: Any) -> dict[str, Any]:
@@ -118,11 +111,13 @@ def check_accumulators(lib: AmdSmi, devices: Sequence[dev.Device], window: float
     """The accumulators' busy share of a window against the mean of the activity sampled
     every 100 ms in it, per GPU; the counter's rate (the docs assume 1,000 a second)."""
     with_acc = [
-        d for d in devices if number(_metrics(lib, d.primary).get("gfx_activity_acc")) is not None
+        d
+        for d in devices
+        if number(_accumulators(lib, d.primary).get("gfx_activity_acc")) is not None
     ]
     if not with_acc:
         return not_checked("amd_accumulators", "no GPU has activity accumulators (pre-MI300)")
-    start = {d.identity.uuid: _metrics(lib, d.primary) for d in with_acc}
+    start = {d.identity.uuid: _accumulators(lib, d.primary) for d in with_acc}
     t0 = time.monotonic()
     samples: dict[str, list[float]] = {d.identity.uuid: [] for d in with_acc}
     while time.monotonic() - t0 < window:
@@ -136,7 +131,7 @@ def check_accumulators(lib: AmdSmi, devices: Sequence[dev.Device], window: float
     problems: list[str] = []
     per_gpu: dict[str, Any] = {}
     for d in with_acc:
-        end = _metrics(lib, d.primary)
+        end = _accumulators(lib, d.primary)
         a, b = start[d.identity.uuid], end
         ticks = (number(b.get("accumulation_counter")) or 0) - (
             number(a.get("accumulation_counter")) or 0
@@ -352,22 +347,3 @@ def check_xgmi(lib: AmdSmi, devices: Sequence[dev.Device], window: float) -> Che
             )
     ups = sorted({g["up"] for g in per_gpu.values()})
     return verdict("amd_xgmi", problems, f"links up per GPU: {ups}", {"per_gpu": per_gpu})
-
-
-def check_amd_series_budget(agent: Agent) -> Check:
-    from gpuscope.agent.app.exposition import exposition_of
-
-    argv = ["--listen", ":0", "--collectors", "amd", "--metrics-detail", "default"]
-    default = PrometheusExporter(agent.scrape, exposition_of(parse(argv, env={})))
-    text = default.render_text().decode()
-    # A partition's own series (info, busy seconds) are its, as a MIG device's are.
-    whole = "\n".join(
-        line
-        for line in text.splitlines()
-        if 'partition_uuid="' not in line or 'partition_uuid=""' in line
-    )
-    per_gpu = {u: sum(c.values()) for u, c in series_by_gpu(whole + "\n").items()}
-    problems = [f"{u}: {n} series" for u, n in per_gpu.items() if n > SERIES_BUDGET]
-    counts = sorted(per_gpu.values())
-    ok = f"default {counts[0]}-{counts[-1]} series a GPU" if counts else "no GPU series"
-    return verdict("series_budget", problems, ok, {"per_gpu": per_gpu})

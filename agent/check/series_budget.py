@@ -20,7 +20,8 @@ from gpuscope.exporters.prometheus.exporter import PrometheusExporter
 # detail.py): a real GPU may have some (a power cap reason, an erroring link, an XID).
 EXCEPTION_FAMILIES = re.compile(
     r"gpuscope_gpu_(xid_errors_total|throttle_reasons|nvlink_link_\w+|stuck_\w+|fenced"
-    r"|fatal_xid_info|xid_events_watched|unsampled_seconds_total|recovery_action_info)"
+    r"|fatal_xid_info|xid_events_watched|unsampled_seconds_total|recovery_action_info"
+    r"|events_total|events_watched|xgmi_link_up)"
 )
 
 
@@ -28,21 +29,23 @@ SERIES_BUDGET = 40  # per GPU at the default level (issue #15; the fake dgx-h100
 
 
 def series_by_gpu(text_out: str) -> dict[str, Counter[str]]:
-    """{uuid: Counter(family)} of an exposition's GPU series."""
+    """{uuid: Counter(family)} of an exposition's GPU series; a partition's own (a MIG
+    device's, an AMD XCP's) are its, not its GPU's."""
     out: dict[str, Counter[str]] = {}
     for family in text_string_to_metric_families(text_out):
         for sample in family.samples:
             uuid = sample.labels.get("uuid")
-            if uuid and "mig_uuid" not in sample.labels:
+            partition = sample.labels.get("mig_uuid") or sample.labels.get("partition_uuid")
+            if uuid and not partition:
                 out.setdefault(uuid, Counter())[sample.name] += 1
     return out
 
 
-def check_series_budget(agent: Agent, args: Any) -> Check:
+def check_series_budget(agent: Agent, args: Any, collector: str = "gpu") -> Check:
     """What a real GPU costs in series at each detail level: the default level within the
     budget once the exceptions a real GPU may have are set apart."""
     default = PrometheusExporter(
-        agent.scrape, exposition_of(parse(agent_argv(args, "default"), env={}))
+        agent.scrape, exposition_of(parse(agent_argv(args, "default", collector), env={}))
     )
     levels = {
         "default": series_by_gpu(default.render_text().decode()),

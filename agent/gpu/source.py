@@ -256,14 +256,7 @@ class GpuSource:
         if self.sampler is not None:
             self.sampler.stop()
             self.sampler = None
-        busy = self.gates.close()
-        if busy:
-            # A thread is blocked in the driver: nvmlShutdown could block behind it, and
-            # the process is exiting anyway (the kernel releases the driver's handles).
-            names = ", ".join(g.name for g in busy)
-            log.warning("NVML left initialized: %s still blocked in a call", names)
-            return
-        self.nvml.shutdown()
+        self.gates.close_then(self.nvml.shutdown)
 
 
 def _blocked_reading(down: GpuReading, blocked: Blocked) -> GpuReading:

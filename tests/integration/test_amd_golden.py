@@ -9,8 +9,8 @@ import subprocess
 
 import pytest
 
-from tests.integration.test_golden import UPDATE, normalize
-from tests.support import GOLDEN_DIR
+from tests.integration.test_golden import normalize
+from tests.support import GOLDEN_DIR, assert_golden
 
 GIB = 1 << 30
 # Golden file name -> (profile, agent flags).
@@ -41,19 +41,7 @@ def scripted(h) -> str:  # type: ignore[no-untyped-def]
 def test_amd_metrics_match_golden(amd_inprocess, golden: str) -> None:
     profile, flags = GOLDENS[golden]
     text = scripted(amd_inprocess(profile, *flags))
-    path = GOLDEN_DIR / f"{golden}.prom"
-    if UPDATE:
-        path.write_text(text)
-    assert path.exists(), f"no golden file {path}: run `make golden-update`"
-    if text != path.read_text():
-        import difflib
-
-        diff = "".join(
-            difflib.unified_diff(
-                path.read_text().splitlines(True), text.splitlines(True), "golden", "actual", n=1
-            )
-        )
-        pytest.fail(f"/metrics differs from {path.name} (make golden-update if intended):\n{diff}")
+    assert_golden(GOLDEN_DIR / f"{golden}.prom", text)
 
 
 @pytest.mark.parametrize("golden", GOLDENS)

@@ -8,14 +8,13 @@ review the diff like code.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
 
 import pytest
 
-from tests.support import GOLDEN_DIR, wait_for
+from tests.support import GOLDEN_DIR, assert_golden, wait_for
 
 PROFILES = ["dgx-h100", "hgx-a100-mig", "pcie-l40s", "mixed", "dgx-h100-mig"]
 # Golden file name -> (profile, agent flags): each profile at the default detail level, and
@@ -25,7 +24,6 @@ GOLDENS = {
     "dgx-h100-full": ("dgx-h100", ("--metrics-detail", "full")),
     "dgx-h100-mig-full": ("dgx-h100-mig", ("--metrics-detail", "full")),
 }
-UPDATE = os.environ.get("GPUSCOPE_UPDATE_GOLDEN") == "1"
 
 
 def normalize(text: str) -> str:
@@ -58,20 +56,7 @@ def scripted(h) -> str:
 def test_metrics_match_golden(inprocess, golden: str) -> None:
     profile, flags = GOLDENS[golden]
     text = scripted(inprocess(profile, *flags))
-    path = GOLDEN_DIR / f"{golden}.prom"
-    if UPDATE:
-        path.write_text(text)
-    assert path.exists(), f"no golden file {path}: run `make golden-update`"
-    expected = path.read_text()
-    if text != expected:
-        import difflib
-
-        diff = "".join(
-            difflib.unified_diff(
-                expected.splitlines(True), text.splitlines(True), "golden", "actual", n=1
-            )
-        )
-        pytest.fail(f"/metrics differs from {path.name} (make golden-update if intended):\n{diff}")
+    assert_golden(GOLDEN_DIR / f"{golden}.prom", text)
 
 
 @pytest.mark.parametrize("golden", GOLDENS)

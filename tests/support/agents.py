@@ -29,8 +29,20 @@ if TYPE_CHECKING:
     from tests.doubles.simnode import SimNode
 
 
+class _Scrapes:
+    """/metrics of an in-process agent, as a scrape would have it."""
+
+    agent: Agent
+
+    def scrape(self) -> Exposition:
+        return Exposition(self.scrape_text())
+
+    def scrape_text(self) -> str:
+        return generate_latest(self.agent.registry).decode()
+
+
 @dataclass
-class InProcess:
+class InProcess(_Scrapes):
     """An agent in this process: real pynvml over the fake library, time moved by hand."""
 
     fake: FakeNvml
@@ -54,12 +66,6 @@ class InProcess:
             self.gpu.sampler.tick()
             remaining -= dt
 
-    def scrape(self) -> Exposition:
-        return Exposition(generate_latest(self.agent.registry).decode())
-
-    def scrape_text(self) -> str:
-        return generate_latest(self.agent.registry).decode()
-
 
 def start_inprocess(
     workdir: Path, profile: str, *args: str, setup: Callable[[FakeNvml], None] | None = None
@@ -81,7 +87,7 @@ def start_inprocess(
 
 
 @dataclass
-class AmdInProcess:
+class AmdInProcess(_Scrapes):
     """An agent in this process reading AMD GPUs: the real `amdsmi` bindings over the fake
     libamd_smi.so, time moved by hand. The bindings load the library once per process, at
     import, from $ROCM_PATH; every in-process AMD agent points it at the same fake library,
@@ -111,12 +117,6 @@ class AmdInProcess:
             if self.amd.events is not None:
                 self.amd.events.poll()
             remaining -= dt
-
-    def scrape(self) -> Exposition:
-        return Exposition(generate_latest(self.agent.registry).decode())
-
-    def scrape_text(self) -> str:
-        return generate_latest(self.agent.registry).decode()
 
 
 def start_amd_inprocess(

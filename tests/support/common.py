@@ -15,6 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 GPUSCOPE = [sys.executable, "-m", "gpuscope"]
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z: frozen fake time for deterministic tests
 GOLDEN_DIR = REPO / "tests" / "golden"  # golden files; GPUSCOPE_UPDATE_GOLDEN=1 rewrites them
+UPDATE_GOLDEN = os.environ.get("GPUSCOPE_UPDATE_GOLDEN") == "1"
 HEADERS = REPO / "build" / "kernel-headers" / "debian"  # `make kernel` builds this tree
 
 # Root-only tests skip when not root, unless this is "1": then they fail (CI sets it, so a
@@ -46,3 +47,21 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 5.0, what: str = "c
             return
         time.sleep(0.02)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def assert_golden(path: Path, text: str, what: str = "/metrics") -> None:
+    """`text` is the golden file `path`, byte for byte; with GPUSCOPE_UPDATE_GOLDEN=1 it
+    becomes it first (review the diff like code). A difference fails with a unified diff."""
+    if UPDATE_GOLDEN:
+        path.write_text(text)
+    assert path.exists(), f"no golden file {path}: run `make golden-update`"
+    expected = path.read_text()
+    if text != expected:
+        import difflib
+
+        diff = "".join(
+            difflib.unified_diff(
+                expected.splitlines(True), text.splitlines(True), "golden", "actual", n=1
+            )
+        )
+        pytest.fail(f"{what} differs from {path.name} (make golden-update if intended):\n{diff}")

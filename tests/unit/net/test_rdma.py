@@ -3,8 +3,6 @@ them. mlx5_0..3 run InfiniBand, mlx5_4..7 RoCE (mlx5_6 down), irdma0 is an E810 
 
 from __future__ import annotations
 
-import difflib
-import os
 import shutil
 from pathlib import Path
 
@@ -29,7 +27,7 @@ from gpuscope.agent.runtime.sources import SourceRunner, SourceUnavailable
 from gpuscope.exporters.prometheus.families import Families
 from gpuscope.exporters.prometheus.net_devices import render_nic, render_rdma
 from tests.doubles.make_sysfs import MLX5_HW_COUNTERS, gpu_node
-from tests.support import GOLDEN_DIR
+from tests.support import GOLDEN_DIR, assert_golden
 from tests.support.netmetrics import promtool_check, render, scrape
 from tests.support.promtext import Exposition
 
@@ -399,10 +397,5 @@ def test_exposition_matches_golden(shared_tree: Path) -> None:
     render_nic(read_nics(shared_tree), out)
     render_rdma(read_rdma(shared_tree), out)
     text = out.render_text().decode()
-    if os.environ.get("GPUSCOPE_UPDATE_GOLDEN") == "1":
-        GOLDEN.write_text(text)
-    expected = GOLDEN.read_text()
-    if text != expected:
-        diff = "".join(difflib.unified_diff(expected.splitlines(True), text.splitlines(True), n=1))
-        pytest.fail(f"exposition differs from {GOLDEN.name}:\n{diff}")
+    assert_golden(GOLDEN, text, "exposition")
     promtool_check(text)
