@@ -2,6 +2,8 @@
 and between network namespaces, packet loss from nftables.
 
 Needs root, BPF and tracefs (`make kernel` mounts it); these run in CI as they do here.
+The servers' fixed ports (27101-27108) are below Linux's ephemeral range (32768-60999): a
+port there could be any other process's outgoing connection, and the bind would fail.
 """
 
 from __future__ import annotations
@@ -97,7 +99,7 @@ def tcp_exchange(
 def test_tcp_bytes_are_exact_per_pod_over_loopback(net: NetSource, pods: Pods) -> None:
     server, client = pods.add(driver="systemd"), pods.add(driver="systemd", qos="guaranteed")
     nbytes, conns = 1_000_003, 3
-    tcp_exchange(pods, server, client, "127.0.0.1", 47101, nbytes, conns)
+    tcp_exchange(pods, server, client, "127.0.0.1", 27101, nbytes, conns)
 
     snap = collect(net)
     s, c = pod_of(snap, server), pod_of(snap, client)
@@ -117,11 +119,11 @@ def test_bytes_are_exact_between_namespaces_cgroupfs_layout(
     net: NetSource, pods: Pods, netns: NetnsPair
 ) -> None:
     server, client = pods.add(driver="cgroupfs"), pods.add(driver="cgroupfs", qos="besteffort")
-    tcp_exchange(pods, server, client, "198.18.0.2", 47102, 2_500_000, 2,
+    tcp_exchange(pods, server, client, "198.18.0.2", 27102, 2_500_000, 2,
                  server_ns=netns.b, client_ns=netns.a)  # fmt: skip
-    udp_srv = pods.run(server, ["udp-server", "198.18.0.2", "47103", "100"], netns=netns.b)
+    udp_srv = pods.run(server, ["udp-server", "198.18.0.2", "27103", "100"], netns=netns.b)
     wait_ready(udp_srv)
-    finish(pods.run(client, ["udp-client", "198.18.0.2", "47103", "100", "1200"], netns=netns.a))
+    finish(pods.run(client, ["udp-client", "198.18.0.2", "27103", "100", "1200"], netns=netns.a))
     assert int(finish(udp_srv)) == 120_000
 
     snap = collect(net)
@@ -137,9 +139,9 @@ def test_retransmits_are_attributed_to_the_sender_and_match_the_kernel(
 ) -> None:
     server, client = pods.add(), pods.add()
     netns.segment_per_packet()
-    netns.drop_inbound(netns.b, one_in=20, port=47104)  # ~5% of the data segments lost
+    netns.drop_inbound(netns.b, one_in=20, port=27104)  # ~5% of the data segments lost
     before = netns.retrans_segs(netns.a)
-    tcp_exchange(pods, server, client, "198.18.0.2", 47104, 8_000_000, 1,
+    tcp_exchange(pods, server, client, "198.18.0.2", 27104, 8_000_000, 1,
                  server_ns=netns.b, client_ns=netns.a)  # fmt: skip
     kernel = netns.retrans_segs(netns.a) - before
 
@@ -155,9 +157,9 @@ def test_series_of_a_removed_pod_go_after_the_grace_period(
 ) -> None:
     keep, gone = pods.add(), pods.add()
     for pod in (keep, gone):
-        srv = pods.run(None, ["udp-server", "127.0.0.1", "47105", "1"])
+        srv = pods.run(None, ["udp-server", "127.0.0.1", "27105", "1"])
         wait_ready(srv)
-        finish(pods.run(pod, ["udp-client", "127.0.0.1", "47105", "1", "100"]))
+        finish(pods.run(pod, ["udp-client", "127.0.0.1", "27105", "1", "100"]))
         finish(srv)
     assert {keep.uid, gone.uid} <= {p.pod_uid for p in collect(net).pods}
 
@@ -174,10 +176,10 @@ def test_containers_of_a_pod_sum_into_the_pod_or_split_with_the_flag(
 ) -> None:
     first = pods.add()
     second = pods.add_container(first)
-    receiver = pods.run(None, ["udp-server", "127.0.0.1", "47107", "2"])
+    receiver = pods.run(None, ["udp-server", "127.0.0.1", "27107", "2"])
     wait_ready(receiver)
-    finish(pods.run(first, ["udp-client", "127.0.0.1", "47107", "1", "300"]))
-    finish(pods.run(second, ["udp-client", "127.0.0.1", "47107", "1", "700"]))
+    finish(pods.run(first, ["udp-client", "127.0.0.1", "27107", "1", "300"]))
+    finish(pods.run(second, ["udp-client", "127.0.0.1", "27107", "1", "700"]))
     finish(receiver)
     assert pod_of(collect(net), first).transmit_bytes == {"udp": 1000}
 
@@ -186,10 +188,10 @@ def test_containers_of_a_pod_sum_into_the_pod_or_split_with_the_flag(
     )
     split.start()
     try:
-        receiver = pods.run(None, ["udp-server", "127.0.0.1", "47108", "2"])
+        receiver = pods.run(None, ["udp-server", "127.0.0.1", "27108", "2"])
         wait_ready(receiver)
-        finish(pods.run(first, ["udp-client", "127.0.0.1", "47108", "1", "30"]))
-        finish(pods.run(second, ["udp-client", "127.0.0.1", "47108", "1", "70"]))
+        finish(pods.run(first, ["udp-client", "127.0.0.1", "27108", "1", "30"]))
+        finish(pods.run(second, ["udp-client", "127.0.0.1", "27108", "1", "70"]))
         finish(receiver)
         rows = {
             p.container_id: p.transmit_bytes for p in collect(split).pods if p.pod_uid == first.uid
@@ -298,7 +300,7 @@ def test_cgroup_skb_fallback_counts_packets_of_each_pod(net: NetSource, pods: Po
         assert fallback.probes is not None
         assert fallback.probes.plan.modes()["traffic"] == "cgroup_skb"
         server, client = pods.add(), pods.add()
-        tcp_exchange(pods, server, client, "127.0.0.1", 47106, 1_000_000, 1)
+        tcp_exchange(pods, server, client, "127.0.0.1", 27106, 1_000_000, 1)
         c = pod_of(collect(fallback), client)
         # IP packets: the payload plus headers (and handshake/ACK packets), not less.
         assert 1_000_000 <= c.transmit_bytes["tcp"] <= 1_000_000 * 1.1 + 10_000
