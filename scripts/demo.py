@@ -284,6 +284,25 @@ def network_line(m: Exposition) -> str:
     return f"collectors: {status}; host sent {host_tx / 1e6:.2f} MB since start; {nics} NIC(s)"
 
 
+COMPILER_LIBRARIES = ("libLLVM", "libclang", "libbcc")
+
+
+def footprint(pid: int) -> str:
+    """The agent's memory and threads, and whether a compiler is mapped in it (the eBPF
+    probes are compiled by the `gpuscope bpf-load` child, never in the agent)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        maps = Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return "agent: gone"
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    rss_mb = int(fields["VmRSS"].split()[0]) * 1024 / 1e6
+    mapped = sorted({lib for lib in COMPILER_LIBRARIES if lib in maps})
+    return f"agent: VmRSS {rss_mb:.1f} MB, {fields['Threads'].strip()} threads, " + (
+        f"compiler mapped: {', '.join(mapped)}" if mapped else "no compiler mapped"
+    )
+
+
 PodKey = tuple[str, str]
 
 
@@ -583,6 +602,9 @@ def demo(args: argparse.Namespace) -> int:
     return 0
 
 
+DEMO_PINS = Path("/sys/fs/bpf/gpuscope-demo")  # not the pins of a real agent on this host
+
+
 def run_agent(
     args: argparse.Namespace,
     gpus: GpuBackend,
@@ -603,6 +625,8 @@ def run_agent(
             f"127.0.0.1:{port}",
             "--kernel-headers",
             str(REPO / "build" / "kernel-headers" / "debian"),
+            "--bpf-pin-root",
+            str(DEMO_PINS),
             "--labels-mode",
             "none",  # the node's labels are not published here; `gpuscope labels` shows them
             *agent_flags(node, gpus),
@@ -621,6 +645,12 @@ def run_agent(
         except subprocess.TimeoutExpired:
             agent.kill()
             agent.wait()
+        # The probes stay pinned after the agent exits (that is what lets a restarted agent
+        # continue its counters); the demo leaves nothing attached behind it.
+        subprocess.run(
+            [sys.executable, "-m", "gpuscope", "bpf-load", "--unload", "--bpf-pin-root",
+             str(DEMO_PINS)], cwd=REPO, check=False,
+        )  # fmt: skip
 
 
 def watch(
@@ -666,6 +696,7 @@ def watch(
             print(time.strftime("%H:%M:%S"), f"({len(now.samples)} series)")
             print(summary(now, before, now_at - before_at))
             print(network_line(now))
+            print(footprint(agent.pid))
             print(pods_summary(now, before, now_at - before_at))
             print(signals_summary(now, before, now_at - before_at), flush=True)
             print()

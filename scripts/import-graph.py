@@ -56,6 +56,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "sources",
         (
             "gpuscope.agent.accelerators",
+            "gpuscope.agent.bpf",
             "gpuscope.agent.gpu",
             "gpuscope.agent.amd",
             "gpuscope.agent.net",

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Prepares this machine's kernel side for gpuscope's eBPF tests and demo (root, idempotent):
-#  - tracefs mounted at /sys/kernel/tracing (bcc reads tracepoint formats there);
+#  - tracefs mounted at /sys/kernel/tracing (bcc reads tracepoint formats there), bpffs at
+#    /sys/fs/bpf (the probes are pinned there);
 #  - OUT/debian: a merged header tree from Debian's installed linux-headers (the running
 #    kernel has no matching headers package, and gpuscope's probes need none: see
 #    agent/net/bpf_program.py);
@@ -13,6 +14,13 @@ here=$(cd "$(dirname "$0")" && pwd)
 if [[ ! -d /sys/kernel/tracing/events && ! -d /sys/kernel/debug/tracing/events ]]; then
   mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null ||
     echo "setup-kernel: could not mount tracefs (eBPF tests will report it)" >&2
+fi
+
+# bpffs at /sys/fs/bpf: where `gpuscope bpf-load` pins the probes (systemd mounts it on most
+# distributions; this machine's init does not).
+if ! grep -qs ' /sys/fs/bpf bpf ' /proc/mounts; then
+  mount -t bpf bpf /sys/fs/bpf 2>/dev/null ||
+    echo "setup-kernel: could not mount bpffs at /sys/fs/bpf (eBPF tests will report it)" >&2
 fi
 
 mkdir -p "$out"

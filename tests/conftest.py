@@ -21,6 +21,12 @@ from tests.support import (
     start_amd_inprocess,
     start_inprocess,
 )
+from tests.support.bpf import remove_session_pins
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Pinned probes outlive the agents that used them: the session's go with it."""
+    remove_session_pins()
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

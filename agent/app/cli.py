@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from gpuscope.agent import check as first_contact
 from gpuscope.agent import logs
+from gpuscope.agent.app import bpf_load
 from gpuscope.agent.app.agent import Agent
 from gpuscope.agent.app.config import Config, ConfigError, parse
 from gpuscope.agent.app.config import build_parser as agent_parser
@@ -27,6 +28,7 @@ from gpuscope.agent.runtime.accelerators import DeviceWatch
 from gpuscope.agent.serve.server import MetricsServer
 
 log = logging.getLogger("gpuscope")
+
 
 EXIT_USAGE = 2
 EXIT_RUNTIME = 1
@@ -45,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     # Listed here; parsed by the check itself, imported only when it runs (main()).
     commands.add_parser("check", help=first_contact.SUMMARY, add_help=False)
+    commands.add_parser("bpf-load", help=bpf_load.SUMMARY, add_help=False)
     return parser
 
 
@@ -52,6 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["labels"]:
         return labels_cli.labels_main(args[1:])
+    if args[:1] == ["bpf-load"]:
+        return bpf_load.main(args[1:])
     if args[:1] == ["check"]:
         from gpuscope.agent.check.main import main as check_main
 

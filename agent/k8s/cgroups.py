@@ -253,6 +253,13 @@ class CgroupResolver:
                 return True
             return self._held.get(cgroup_id, self._generation) >= self._generation
 
+    def pod_uids(self) -> set[str]:
+        """Uids of the pods that have a cgroup now (walks the tree at once)."""
+        with self._lock:
+            self._walk()
+            paths = list(self._paths.values())
+        return {pod.pod_uid for path in paths if (pod := parse_cgroup_path(path)) is not None}
+
     def forget(self) -> None:
         """Drop everything cached; the next lookup walks at once, whatever the rate limit."""
         with self._lock:

@@ -19,6 +19,10 @@ from dataclasses import dataclass
 
 from gpuscope.agent.net.records import DIRECTIONS, PROTOCOLS, RTT_SLOTS
 
+# The retired map's value: bytes and calls per protocol and direction, the TCP counters,
+# then the RTT histogram (agent/net/probes.py names them).
+RETIRED_FIELDS = 2 * len(PROTOCOLS) * len(DIRECTIONS) + 5 + RTT_SLOTS
+
 # Order of the map_full array slots; user space names them in gpuscope_bpf_map_full_total.
 MAP_INDEX = ("traffic", "sockets", "tcp", "rtt")
 
@@ -66,6 +70,13 @@ BPF_F_TABLE("percpu_hash", struct traffic_key, struct traffic_val, traffic, __MA
             BPF_F_NO_PREALLOC);
 BPF_HASH(tcp, u64, struct tcp_val, __MAX_CGROUPS__);
 BPF_ARRAY(map_full, u64, 4);
+
+/* Written and read by user space only: what the agent has summed from cgroups that are gone,
+ * per pod, so a pod's counters survive an agent restart as the live maps do. */
+struct retired_key { char pod_uid[40]; char container[72]; };
+struct retired_val { u64 v[__RETIRED_FIELDS__]; };
+BPF_F_TABLE("hash", struct retired_key, struct retired_val, retired, __MAX_CGROUPS__,
+            BPF_F_NO_PREALLOC);
 
 static __always_inline void count_full(int which) {
     u64 *v = map_full.lookup(&which);
@@ -368,6 +379,11 @@ class ProbePlan:
         }
 
 
+def source() -> str:
+    """Every template, before substitution: what the program hash covers."""
+    return "\n".join((_COMMON, _SOCKETS, _TRAFFIC_TRACEPOINTS, _RETRANSMIT, _RTT, _CGROUP_SKB))
+
+
 def program_text(plan: ProbePlan, limits: MapLimits) -> str:
     parts = [_COMMON]
     if plan.connections:  # the socket -> cgroup map that retransmits and RTT attribute by
@@ -386,6 +402,7 @@ def program_text(plan: ProbePlan, limits: MapLimits) -> str:
         ("__MAX_SOCKETS__", limits.sockets),
         ("__MAX_RTT__", limits.rtt),
         ("__RTT_SLOTS__", RTT_SLOTS),
+        ("__RETIRED_FIELDS__", RETIRED_FIELDS),
     ):
         text = text.replace(key, str(value))
     return text

@@ -6,11 +6,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpuscope.agent.net.records import NetSnapshot, NicSnapshot, RdmaSnapshot
 from gpuscope.agent.runtime.options import NoOptions, flag, one_of
 from gpuscope.agent.runtime.sources import Source
-from gpuscope.agent.runtime.spec import BuildContext, CollectorSpec
+from gpuscope.agent.runtime.spec import BuildContext, CollectorSpec, HostOptions
+
+if TYPE_CHECKING:
+    from gpuscope.agent.net.source import NetConfig
 
 # Map sizes the kernel can allocate, checked at parse time (a larger one was accepted, then
 # failed at load with "Argument list too long"). A hash map takes at most 2**27 entries (its
@@ -62,25 +66,37 @@ class NetOptions:
         Path("/usr/src/gpuscope-kernel-headers"),
         "fallback kernel header tree for bcc, where the host has none",
     )
+    bpf_pin_root: Path = flag(
+        Path("/sys/fs/bpf/gpuscope"),
+        "where `gpuscope bpf-load` pins the probes' maps and links (on bpffs); the agent "
+        "runs it itself when the pins for its options are not there",
+    )
 
 
-def _build_net(ctx: BuildContext[NetOptions]) -> Source[NetSnapshot]:
+def net_config(agent: HostOptions, o: NetOptions) -> NetConfig:
+    """The net source's configuration from the flags: what the agent runs and what
+    `gpuscope bpf-load` loads for it."""
     from gpuscope.agent.net.bpf_program import MapLimits
-    from gpuscope.agent.net.source import NetConfig, NetSource
+    from gpuscope.agent.net.source import NetConfig
 
-    o = ctx.options
-    config = NetConfig(
-        sysfs=ctx.agent.sysfs,
-        procfs=ctx.agent.procfs,
-        cgroup_root=ctx.agent.cgroup_root,
+    return NetConfig(
+        sysfs=agent.sysfs,
+        procfs=agent.procfs,
+        cgroup_root=agent.cgroup_root,
         per_container=o.net_per_container,
         prune_grace=o.net_prune_grace,
         traffic_mode=o.net_traffic_mode,
         limits=MapLimits(cgroups=o.bpf_max_cgroups, sockets=o.bpf_max_sockets),
         modules_dir=o.kernel_modules,
         fallback_headers=o.kernel_headers,
+        pin_root=o.bpf_pin_root,
     )
-    return NetSource(config, clock=ctx.clock)
+
+
+def _build_net(ctx: BuildContext[NetOptions]) -> Source[NetSnapshot]:
+    from gpuscope.agent.net.source import NetSource
+
+    return NetSource(net_config(ctx.agent, ctx.options), clock=ctx.clock)
 
 
 def _build_nic(ctx: BuildContext[NoOptions]) -> Source[NicSnapshot]:

@@ -12,14 +12,18 @@ services, the root, sockets whose owner was never seen) are summed into one host
 from __future__ import annotations
 
 import logging
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpuscope.agent.bpf.pins import DEFAULT_PIN_ROOT
+from gpuscope.agent.bpf.session import open_family
 from gpuscope.agent.clock import Clock, SystemClock
 from gpuscope.agent.k8s.cgroups import CgroupResolver, detect_cgroup_v2_root
 from gpuscope.agent.net.bpf_program import MapLimits
-from gpuscope.agent.net.ebpf import BpfProbes, RawCounters, check_host, import_bcc, plan_probes
+from gpuscope.agent.net.ebpf import NetMaps, RawCounters, RetiredTotals
+from gpuscope.agent.net.probes import NetFamily
 from gpuscope.agent.net.records import (
     DIRECTIONS,
     PROTOCOLS,
@@ -48,6 +52,26 @@ class NetConfig:
     limits: MapLimits = field(default_factory=MapLimits)
     modules_dir: Path = Path("/lib/modules")
     fallback_headers: Path = Path("/usr/src/gpuscope-kernel-headers")
+    pin_root: Path = DEFAULT_PIN_ROOT
+    run_helper: bool = True  # no pins for this program: run `gpuscope bpf-load` as a child
+
+    def family(self, cgroup_root: Path) -> NetFamily:
+        return NetFamily(self.traffic_mode, self.limits, cgroup_root)
+
+    def helper_args(self, cgroup_root: Path) -> list[str]:
+        """The bpf-load flags that load exactly this configuration's probes."""
+        return [
+            f"--net-traffic-mode={self.traffic_mode}",
+            f"--bpf-max-cgroups={self.limits.cgroups}",
+            f"--bpf-max-sockets={self.limits.sockets}",
+            f"--kernel-modules={self.modules_dir}",
+            f"--kernel-headers={self.fallback_headers}",
+            f"--bpf-pin-root={self.pin_root}",
+            f"--procfs={self.procfs}",
+            f"--sysfs={self.sysfs}",
+            f"--cgroup-root={cgroup_root}",
+            "--log-level=warning",
+        ]
 
 
 @dataclass
@@ -80,6 +104,33 @@ class _Totals:
         out.add(self)
         out.add(other)
         return out
+
+    @classmethod
+    def restored(cls, saved: RetiredTotals) -> _Totals:
+        out = cls()
+        # The retired map has a slot for every protocol and direction; a pod's record has
+        # only those it used.
+        used = [k for k in saved.bytes if saved.bytes[k] or saved.calls.get(k)]
+        out.bytes.update({k: saved.bytes[k] for k in used})
+        out.calls.update({k: saved.calls.get(k, 0) for k in used})
+        out.retransmits, out.opened, out.closed = saved.retransmits, saved.opened, saved.closed
+        out.rtt_sum_us, out.rtt_count = saved.rtt_sum_us, saved.rtt_count
+        out.rtt_slots = list(saved.rtt_slots) + [0] * (RTT_SLOTS - len(saved.rtt_slots))
+        return out
+
+    def saved(self, key: Key) -> RetiredTotals:
+        return RetiredTotals(
+            pod_uid=key[0],
+            container_id=key[1],
+            bytes=dict(self.bytes),
+            calls=dict(self.calls),
+            retransmits=self.retransmits,
+            opened=self.opened,
+            closed=self.closed,
+            rtt_sum_us=self.rtt_sum_us,
+            rtt_count=self.rtt_count,
+            rtt_slots=tuple(self.rtt_slots),
+        )
 
     def record(self, key: Key) -> PodNetwork:
         def by_proto(table: dict[tuple[str, str], int], direction: str) -> dict[str, int]:
@@ -128,7 +179,7 @@ class NetSource:
     def __init__(self, config: NetConfig | None = None, clock: Clock | None = None) -> None:
         self.config = config or NetConfig()
         self.clock = clock or SystemClock()
-        self.probes: BpfProbes | None = None
+        self.probes: NetMaps | None = None
         self.resolver: CgroupResolver | None = None
         self._keys: dict[int, Key] = {}
         self._missing_since: dict[int, float] = {}
@@ -142,26 +193,48 @@ class NetSource:
             raise SourceUnavailable(
                 f"no cgroup v2 hierarchy under {cfg.sysfs / 'fs' / 'cgroup'} (nor unified/)"
             )
-        tracefs, headers = check_host(
-            traffic_mode=cfg.traffic_mode,
-            modules_dir=cfg.modules_dir,
-            fallback_headers=cfg.fallback_headers,
-            procfs=cfg.procfs,
+        family = cfg.family(root)
+        pinned = open_family(
+            family,
+            cfg.pin_root,
+            helper_args=cfg.helper_args(root) if cfg.run_helper else None,
+            sysfs=cfg.sysfs,
         )
-        import_bcc()
-        plan = plan_probes(tracefs, cfg.traffic_mode)
-        probes = BpfProbes(plan, cfg.limits)
-        probes.load(headers, root)
+        probes = NetMaps(pinned)
+        resolver = CgroupResolver(root, monotonic=self.clock.monotonic)
+        try:
+            self._retired = self._restore(probes, resolver)
+        except Exception:
+            probes.close()
+            raise
         self.probes = probes
-        self.resolver = CgroupResolver(root, monotonic=self.clock.monotonic)
+        self.resolver = resolver
         self._root_id = root.stat().st_ino
         log.info(
-            "eBPF probes loaded (kernel headers %s, from %s): %s; cgroup v2 root %s",
-            headers.path,
-            headers.how,
-            ", ".join(f"{k}={v}" for k, v in plan.modes().items()),
+            "eBPF probes pinned at %s (loaded %s): %s; cgroup v2 root %s",
+            pinned.directory,
+            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(pinned.manifest.get("loaded_at", 0))),
+            ", ".join(f"{k}={v}" for k, v in probes.modes.items()),
             root,
         )
+
+    @staticmethod
+    def _restore(probes: NetMaps, resolver: CgroupResolver) -> dict[Key, _Totals]:
+        """What the agent had retired before it restarted, kept in the kernel beside the live
+        counts so that a pod's counters continue across the restart; less the pods that
+        went while the agent was down."""
+        saved = probes.retired()
+        if not saved:
+            return {}
+        present = resolver.pod_uids()
+        out: dict[Key, _Totals] = {}
+        for totals in saved:
+            key = (totals.pod_uid, totals.container_id)
+            if key == HOST or totals.pod_uid in present:
+                out[key] = _Totals.restored(totals)
+            else:
+                probes.delete_retired(*key)
+        return out
 
     def read(self) -> NetSnapshot:
         probes, resolver = self.probes, self.resolver
@@ -182,7 +255,7 @@ class NetSource:
             pods.append((totals.merged(retired) if retired else totals).record(key))
         return NetSnapshot(
             pods=tuple(pods),
-            probes=probes.plan.modes(),
+            probes=probes.modes,
             map_full=raw.map_full,
             map_entries=probes.map_entries(raw),
             map_max_entries=probes.map_max_entries(),
@@ -231,9 +304,15 @@ class NetSource:
         if not expired:
             return raw
         grouped = by_cgroup(raw)
+        changed: set[Key] = set()
         for cgroup in expired:
             key = self._key(cgroup) or HOST  # never resolved: it lived and died between walks
             self._retired.setdefault(key, _Totals()).add(grouped[cgroup])
+            changed.add(key)
+        # Saved before the live entries go: a restart in between counts them twice at worst
+        # for one scrape, never loses them.
+        for key in changed:
+            self.probes.put_retired(self._retired[key].saved(key))
         self.probes.delete_cgroups(expired)
         remaining = RawCounters(
             traffic={k: v for k, v in raw.traffic.items() if k[0] not in expired},
@@ -248,6 +327,7 @@ class NetSource:
         for key in list(self._retired):
             if key != HOST and key not in still_live:
                 del self._retired[key]  # the whole pod is gone: its series go too
+                self.probes.delete_retired(*key)
         log.debug("pruned %d cgroups that no longer exist", len(expired))
         return remaining
 

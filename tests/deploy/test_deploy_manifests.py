@@ -34,9 +34,9 @@ import yaml
 
 import gpuscope
 from gpuscope.agent.app.config import Config, parse
+from gpuscope.agent.bpf.host import TRACEFS_CANDIDATES
 from gpuscope.agent.k8s.collector import KUBELET
 from gpuscope.agent.net.collector import NET
-from gpuscope.agent.net.ebpf import TRACEFS_CANDIDATES
 from tests.support import REPO
 from tests.support.manifests import KUSTOMIZATIONS, container, daemonset, find, kubectl, render
 

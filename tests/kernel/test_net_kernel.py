@@ -23,6 +23,7 @@ from gpuscope.agent.net.records import NetSnapshot, PodNetwork
 from gpuscope.agent.net.source import NetConfig, NetSource
 from tests.doubles.netlab import NetnsPair, Pod, Pods, finish, wait_ready
 from tests.support import REPO
+from tests.support.bpf import pin_root, remove_pins
 
 pytestmark = [
     pytest.mark.kernel,
@@ -40,12 +41,15 @@ def clock() -> ManualClock:
 
 @pytest.fixture(scope="module")
 def net(clock: ManualClock) -> Iterator[NetSource]:
+    root = pin_root("net-kernel")
     source = NetSource(
-        NetConfig(fallback_headers=HEADERS / "debian", prune_grace=GRACE), clock=clock
+        NetConfig(fallback_headers=HEADERS / "debian", prune_grace=GRACE, pin_root=root),
+        clock=clock,
     )
     source.start()
     yield source
     source.stop()
+    remove_pins(root)
 
 
 @pytest.fixture
@@ -184,7 +188,10 @@ def test_containers_of_a_pod_sum_into_the_pod_or_split_with_the_flag(
     assert pod_of(collect(net), first).transmit_bytes == {"udp": 1000}
 
     split = NetSource(
-        NetConfig(fallback_headers=HEADERS, per_container=True), clock=ManualClock(1000.0)
+        NetConfig(
+            fallback_headers=HEADERS / "debian", per_container=True, pin_root=pin_root("split")
+        ),
+        clock=ManualClock(1000.0),
     )
     split.start()
     try:
@@ -268,7 +275,7 @@ def load_in_subprocess(env: dict[str, str], *args: str) -> subprocess.CompletedP
         "import sys, json; from pathlib import Path;"
         "from agent.net.source import NetConfig, NetSource;"
         f"s = NetSource(NetConfig({', '.join(args)})); s.start();"
-        "print(json.dumps(s.probes.plan.modes())); s.stop()"
+        "print(json.dumps(s.probes.modes)); s.stop()"
     )
     return subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
@@ -282,7 +289,11 @@ def test_probes_compile_and_load_against_two_header_trees(tree: str) -> None:
     assert (path / "include/linux/kconfig.h").exists(), f"{path} missing: run `make kernel`"
     env = {k: v for k, v in os.environ.items() if k != "BCC_KERNEL_SOURCE"}
     env["BCC_KERNEL_SOURCE"] = str(path)
-    result = load_in_subprocess(env)
+    root = pin_root(f"tree-{tree}")
+    try:
+        result = load_in_subprocess(env, f"pin_root=Path({str(root)!r})")
+    finally:
+        remove_pins(root)
     assert result.returncode == 0, result.stderr[-2000:]
     assert '"traffic": "tracepoint"' in result.stdout
     assert '"absent"' not in result.stdout
@@ -292,13 +303,14 @@ def test_probes_compile_and_load_against_two_header_trees(tree: str) -> None:
 
 def test_cgroup_skb_fallback_counts_packets_of_each_pod(net: NetSource, pods: Pods) -> None:
     fallback = NetSource(
-        NetConfig(fallback_headers=HEADERS / "debian", traffic_mode="cgroup_skb"),
+        NetConfig(fallback_headers=HEADERS / "debian", traffic_mode="cgroup_skb",
+                  pin_root=pin_root("cgroup-skb")),
         clock=ManualClock(1000.0),
-    )
+    )  # fmt: skip
     fallback.start()
     try:
         assert fallback.probes is not None
-        assert fallback.probes.plan.modes()["traffic"] == "cgroup_skb"
+        assert fallback.probes.modes["traffic"] == "cgroup_skb"
         server, client = pods.add(), pods.add()
         tcp_exchange(pods, server, client, "127.0.0.1", 27106, 1_000_000, 1)
         c = pod_of(collect(fallback), client)

@@ -22,6 +22,7 @@ from gpuscope.agent.clock import ManualClock
 from gpuscope.agent.gpu.source import GpuSource
 from tests.doubles.fakeamdsmi.control import FakeAmdSmi
 from tests.doubles.fakenvml.control import FakeNvml
+from tests.support.bpf import pin_root, remove_pins
 from tests.support.common import GPUSCOPE, HEADERS, REPO, T0, free_port
 from tests.support.promtext import Exposition
 
@@ -141,6 +142,7 @@ class AgentProcess:
     proc: subprocess.Popen[str]
     port: int
     log_path: Path
+    pin_root: Path | None = None  # its own pinned probes: removed when it stops
     stopped: bool = field(default=False)
 
     @property
@@ -184,6 +186,8 @@ class AgentProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+            if self.pin_root is not None:
+                remove_pins(self.pin_root)
         return int(self.proc.returncode)
 
 
@@ -197,6 +201,10 @@ def spawn_agent(logdir: Path, *args: str, env: dict[str, str] | None = None) -> 
     full_env.pop("FAKENVML_STATE", None)
     full_env.update(env or {})
     full_env["PYTHONUNBUFFERED"] = "1"
+    # Probes pinned for this agent alone, unpinned when it stops (tests/support/bpf.py).
+    own_pins = "GPUSCOPE_BPF_PIN_ROOT" not in full_env
+    if own_pins:
+        full_env["GPUSCOPE_BPF_PIN_ROOT"] = str(pin_root(f"agent-{port}"))
     with log_path.open("w") as log_file:
         proc = subprocess.Popen(
             [*GPUSCOPE, "--listen", f"127.0.0.1:{port}", *args],
@@ -206,7 +214,12 @@ def spawn_agent(logdir: Path, *args: str, env: dict[str, str] | None = None) -> 
             stderr=subprocess.STDOUT,
             text=True,
         )
-    handle = AgentProcess(proc=proc, port=port, log_path=log_path)
+    handle = AgentProcess(
+        proc=proc,
+        port=port,
+        log_path=log_path,
+        pin_root=Path(full_env["GPUSCOPE_BPF_PIN_ROOT"]) if own_pins else None,
+    )
     try:
         handle.wait_ready()
     except BaseException:

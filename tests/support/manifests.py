@@ -76,8 +76,17 @@ def container(docs: list[dict[str, Any]]) -> dict[str, Any]:
     return c
 
 
-def capabilities(docs: list[dict[str, Any]]) -> list[str]:
-    """The capabilities the agent's container adds, as kernel names (CAP_BPF, ...)."""
-    caps = container(docs)["securityContext"]["capabilities"]
+def helper_container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The init container that pins the eBPF probes (`gpuscope bpf-load`)."""
+    (c,) = daemonset(docs)["spec"]["template"]["spec"]["initContainers"]
+    assert c["name"] == "bpf-load" and c["args"][0] == "bpf-load", c
+    return c
+
+
+def capabilities(docs: list[dict[str, Any]], *, helper: bool = False) -> list[str]:
+    """The capabilities the agent's container (or the bpf-load init container) adds, as
+    kernel names (CAP_BPF, ...)."""
+    c = helper_container(docs) if helper else container(docs)
+    caps = c["securityContext"]["capabilities"]
     assert caps["drop"] == ["ALL"], caps
     return ["CAP_" + c.upper().removeprefix("CAP_") for c in caps["add"]]
