@@ -62,7 +62,10 @@ class PinnedMap:
                     )
                     return list(pairs)
                 return [
-                    (key_struct.unpack_from(keys, i * key_size), self._value(values[i * vb : i * vb + vb]))
+                    (
+                        key_struct.unpack_from(keys, i * key_size),
+                        self._value(values[i * vb : i * vb + vb]),
+                    )
                     for i in range(n)
                 ]
             self._batch = False
