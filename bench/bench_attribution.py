@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -49,6 +50,7 @@ from tests.support import free_port  # noqa: E402
 
 PODS = 110
 HEADERS = REPO / "build" / "kernel-headers" / "debian"
+PINS = Path("/sys/fs/bpf/gpuscope-bench")  # the probes' pins, removed when the bench ends
 
 
 def grow(node: SimNode, pods: int) -> None:
@@ -82,7 +84,8 @@ def start_agent(
             sys.executable, "-m", "gpuscope", "--listen", f"127.0.0.1:{port}",
             "--collectors", collectors, "--kubelet-socket", str(node.kubelet_socket),
             "--kubeconfig", str(node.kubeconfig), "--node-name", node.node_name,
-            "--kernel-headers", str(HEADERS), "--labels-mode", "none", "--log-level", "warning",
+            "--kernel-headers", str(HEADERS), "--bpf-pin-root", str(PINS),
+            "--labels-mode", "none", "--log-level", "warning",
         ],
         cwd=REPO,
         env=os.environ | fake.env(),
@@ -107,8 +110,8 @@ def in_process_agents(fake: FakeNvml, node: SimNode) -> tuple[Agent, Agent]:
     fake.activate()
     common = ["--listen", ":0", "--kubelet-socket", str(node.kubelet_socket),
               "--kubeconfig", str(node.kubeconfig), "--node-name", node.node_name,
-              "--kernel-headers", str(HEADERS), "--labels-mode", "none",
-              "--collection-max-age", "0"]  # fmt: skip
+              "--kernel-headers", str(HEADERS), "--bpf-pin-root", str(PINS),
+              "--labels-mode", "none", "--collection-max-age", "0"]  # fmt: skip
     full = Agent(parse(common, env={}))
     gpu_only = Agent(parse([*common, "--collectors", "gpu"], env={}))
     full.start()
@@ -387,6 +390,7 @@ def main() -> int:
                 report(m, args.window)
             finally:
                 stop_all((full, gpu_only), (agent, base))
+                shutil.rmtree(PINS, ignore_errors=True)
     return 0
 
 

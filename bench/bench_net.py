@@ -5,8 +5,10 @@ Overhead of the probes on the traffic they watch, as ratios measured in one run 
 rounds alternating probes attached / not attached (client pinned to CPU 0, server to CPU 1):
   * iperf3 TCP stream over loopback (budget: >= 0.97 of baseline throughput);
   * TCP request/response with small messages, bench/rr.c (budget: >= 0.95 of baseline TPS).
-Also: probe compile + load time (median), and the real agent's memory with the GPU source
-only and with GPU + network (budget: ready <= 2 s; RSS <= 160 MB; RssAnon <= 80 MB).
+Also: probe compile + load time (the bpf-load helper, run by the source; median), the cost of
+reading the pinned maps per scrape at 110 pods through bpf(2) against bcc's own table
+iteration over the same maps (in one run), and the real agent's memory with the GPU source
+only and with GPU + network (budget: ready <= 2 s; RSS <= 60 MB).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import ClassVar
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -32,6 +35,18 @@ from tests.doubles.fakenvml.control import FakeNvml, ensure_built  # noqa: E402
 from tests.support import free_port  # noqa: E402
 
 HEADERS = REPO / "build" / "kernel-headers" / "debian"
+PINS = Path("/sys/fs/bpf/gpuscope-bench")  # removed after each use: nothing stays attached
+
+
+def net_source() -> NetSource:
+    return NetSource(NetConfig(fallback_headers=HEADERS, pin_root=PINS))
+
+
+def stop(source: NetSource) -> None:
+    source.stop()
+    shutil.rmtree(PINS, ignore_errors=True)
+
+
 RR = REPO / "build" / "bench" / "rr"
 
 
@@ -59,14 +74,14 @@ def alternate(measure, rounds: int) -> tuple[float, float, list[float], list[flo
         attached = i % 2 == 1
         source = None
         if attached:
-            source = NetSource(NetConfig(fallback_headers=HEADERS))
+            source = net_source()
             source.start()
         try:
             (with_probes if attached else without).append(measure())
         finally:
             if source is not None:
                 source.read()  # read the maps once, as a scrape would
-                source.stop()
+                stop(source)
     return statistics.median(with_probes), statistics.median(without), with_probes, without
 
 
@@ -96,13 +111,14 @@ def program_costs(rr_port: int) -> dict[str, float]:
         }
 
     subprocess.run(["sysctl", "-qw", "kernel.bpf_stats_enabled=1"], check=True)
+    os.environ.setdefault("BCC_KERNEL_SOURCE", str(HEADERS))  # the empty program's compile
     try:
         empty = bcc.BPF(text=b"TRACEPOINT_PROBE(sock, sock_send_length) { return 0; }")
         rr_round(rr_port, 64, 1.0)
         (cnt, ns), *_ = stats().values()
         floor = ns / max(cnt, 1)
         empty.cleanup()
-        source = NetSource(NetConfig(fallback_headers=HEADERS))
+        source = net_source()
         source.start()
         rr_round(rr_port, 64, 1.0)
         costs = {
@@ -110,7 +126,7 @@ def program_costs(rr_port: int) -> dict[str, float]:
             for name, (cnt, ns) in stats().items()
             if cnt > 1000
         }
-        source.stop()
+        stop(source)
         return {"stats floor": floor, **costs}
     finally:
         subprocess.run(["sysctl", "-qw", "kernel.bpf_stats_enabled=0"], check=False)
@@ -119,12 +135,80 @@ def program_costs(rr_port: int) -> dict[str, float]:
 def load_times(n: int) -> list[float]:
     times = []
     for _ in range(n):
-        source = NetSource(NetConfig(fallback_headers=HEADERS))
+        source = net_source()
         t = time.perf_counter()
-        source.start()
+        source.start()  # no pins: runs the bpf-load helper and waits for it
         times.append(time.perf_counter() - t)
-        source.stop()
+        stop(source)
     return times
+
+
+def map_read_costs(pods: int = 110, reads: int = 200) -> dict[str, float]:
+    """Milliseconds per read of the traffic, tcp and rtt maps holding `pods` cgroups' entries
+    (each with TCP and UDP both ways and 8 RTT slots), on the same maps: through bpf(2) with
+    the declared layouts (the agent today) and through bcc's tables (the agent before #24:
+    items_lookup_batch, per-CPU values summed in Python). Medians. The maps are those of the
+    net family compiled here with bcc and not attached: nothing else writes them."""
+    from gpuscope.agent.bpf import syscall
+    from gpuscope.agent.bpf.host import HeaderTree, import_bcc, require_tracefs
+    from gpuscope.agent.bpf.loader import _compile
+    from gpuscope.agent.bpf.maps import PinnedMap
+    from gpuscope.agent.net import probes
+    from gpuscope.agent.net.ebpf import NetMaps
+
+    program = probes.NetFamily().program(require_tracefs())
+    bpf = _compile(import_bcc(), program, HeaderTree(HEADERS, "fallback"))
+    try:
+        cpus = syscall.possible_cpus()
+        specs = {m.name: m for m in program.maps}
+        maps = {}
+        for name, spec in specs.items():
+            fd = bpf[name.encode()].map_fd
+            maps[name] = PinnedMap(spec, fd, syscall.map_info(fd), cpus)
+        base = 1 << 40  # cgroup ids no real cgroup has
+        for i in range(pods):
+            cgroup = base + i
+            for proto in (0, 1):
+                for direction in (0, 1):
+                    key = specs["traffic"].key.encode((cgroup, proto, direction))
+                    value = specs["traffic"].value.encode((1000 + i, 10)) * cpus
+                    syscall.update(maps["traffic"].fd, key, value)
+            maps["tcp"].put((cgroup,), (1, 0, 0, 100, 1))
+            for slot in range(8):
+                maps["rtt"].put((cgroup, slot), (3,))
+
+        class Pinned:  # what NetMaps reads: the maps by name, and the manifest's modes
+            manifest: ClassVar[dict[str, object]] = {"modes": program.modes}
+
+            def __getitem__(self, name: str) -> PinnedMap:
+                return maps[name]
+
+            def __contains__(self, name: str) -> bool:
+                return name in maps
+
+        reader = NetMaps(Pinned())  # type: ignore[arg-type]
+        assert len(reader.read().traffic) == pods * 4
+
+        def with_bcc() -> None:  # BpfProbes.read before #24
+            {(int(k.cgroup), int(k.proto), int(k.dir)):
+                (sum(int(c.bytes) for c in v), sum(int(c.calls) for c in v))
+             for k, v in bpf[b"traffic"].items_lookup_batch()}  # fmt: skip
+            {int(k): (int(v.opened), int(v.closed), int(v.retransmits), int(v.rtt_sum_us),
+                      int(v.rtt_count)) for k, v in bpf[b"tcp"].items_lookup_batch()}  # fmt: skip
+            {(int(k.cgroup), int(k.slot)): int(v) for k, v in bpf[b"rtt"].items_lookup_batch()}
+            [int(bpf[b"map_full"][bpf[b"map_full"].Key(i)].value) for i in range(4)]
+
+        def median_ms(read) -> float:  # type: ignore[no-untyped-def]
+            times = []
+            for _ in range(reads):
+                t = time.perf_counter()
+                read()
+                times.append(time.perf_counter() - t)
+            return statistics.median(times) * 1e3
+
+        return {"bpf(2)": median_ms(reader.read), "bcc": median_ms(with_bcc)}
+    finally:
+        bpf.cleanup()
 
 
 def agent_memory(collectors: str, state: Path) -> dict[str, float]:
@@ -133,7 +217,8 @@ def agent_memory(collectors: str, state: Path) -> dict[str, float]:
     started = time.monotonic()
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpuscope", "--listen", f"127.0.0.1:{port}", "--collectors",
-         collectors, "--kernel-headers", str(HEADERS), "--log-level", "warning"],
+         collectors, "--kernel-headers", str(HEADERS), "--log-level", "warning",
+         "--bpf-pin-root", str(PINS)],
         cwd=REPO, env=os.environ | fake.env(),
     )  # fmt: skip
     try:
@@ -154,10 +239,16 @@ def agent_memory(collectors: str, state: Path) -> dict[str, float]:
             for line in status.splitlines()
             if line.startswith(("VmRSS", "RssAnon", "RssFile"))
         }
-        return {"ready_s": ready, **fields}
+        threads = next(
+            int(line.split()[1]) for line in status.splitlines() if line.startswith("Threads")
+        )
+        maps = Path(f"/proc/{proc.pid}/maps").read_text()
+        compiler = sum(lib in maps for lib in ("libLLVM", "libclang", "libbcc"))
+        return {"ready_s": ready, **fields, "threads": threads, "compiler_libs": compiler}
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+        shutil.rmtree(PINS, ignore_errors=True)
 
 
 Rounds = tuple[float, float, list[float], list[float]]
@@ -216,9 +307,10 @@ def print_agent(loads: list[float], gpu_only: dict[str, float], both: dict[str, 
     for label, mem in (("GPU only", gpu_only), ("GPU + net", both)):
         print(
             f"  agent RSS, {label:<20} {mem['VmRSS']:8.1f} MB "
-            f"(RssAnon {mem['RssAnon']:.1f}, RssFile {mem['RssFile']:.1f})"
+            f"(RssAnon {mem['RssAnon']:.1f}, RssFile {mem['RssFile']:.1f}), "
+            f"{mem['threads']:.0f} threads, {mem['compiler_libs']:.0f} compiler libraries mapped"
         )
-    print("  budgets: RSS <= 160 MB and RssAnon <= 80 MB with both sources")
+    print("  budget: RSS <= 60 MB with both sources, no compiler library mapped")
 
 
 def print_rounds(stream: Rounds, rr: Rounds) -> None:
@@ -242,11 +334,16 @@ def main() -> int:
     build_rr()
     stream, rr, costs = measure_traffic(args.rounds, args.seconds)
     loads = load_times(5)
+    reads = map_read_costs()
     with tempfile.TemporaryDirectory() as tmp:
         gpu_only = agent_memory("gpu", Path(tmp) / "a")
         both = agent_memory("gpu,net", Path(tmp) / "b")
     print_overhead(stream, rr, costs, args.rounds)
     print_agent(loads, gpu_only, both)
+    print(
+        f"map read at 110 pods (traffic, tcp, rtt): bpf(2) {reads['bpf(2)']:.2f} ms, "
+        f"bcc tables {reads['bcc']:.2f} ms (ratio {reads['bpf(2)'] / reads['bcc']:.2f})"
+    )
     print_rounds(stream, rr)
     return 0
 

@@ -36,9 +36,17 @@ import gpuscope
 from gpuscope.agent.app.config import Config, parse
 from gpuscope.agent.bpf.host import TRACEFS_CANDIDATES
 from gpuscope.agent.k8s.collector import KUBELET
-from gpuscope.agent.net.collector import NET
+from gpuscope.agent.net.collector import NET, net_config
 from tests.support import REPO
-from tests.support.manifests import KUSTOMIZATIONS, container, daemonset, find, kubectl, render
+from tests.support.manifests import (
+    KUSTOMIZATIONS,
+    container,
+    daemonset,
+    find,
+    helper_container,
+    kubectl,
+    render,
+)
 
 DOCKERFILE = REPO / "daemonset" / "Dockerfile"
 DCGM_EXPORTER_PORT = 9400
@@ -127,13 +135,22 @@ def agent_config(docs: list[dict[str, Any]]) -> Config:
         pytest.fail(f"the DaemonSet's args do not parse ({exc}): {c['args']}")
 
 
-def host_path(docs: list[dict[str, Any]], path: Path | str) -> str | None:
-    """The host path behind a container path, through the deepest hostPath mount over it."""
+def helper_config(docs: list[dict[str, Any]]) -> Config:
+    """The bpf-load init container's flags, parsed as the helper does: the agent's parser."""
+    c = helper_container(docs)
+    return parse(c["args"][1:], env=pod_env(c))
+
+
+def host_path(
+    docs: list[dict[str, Any]], path: Path | str, c: dict[str, Any] | None = None
+) -> str | None:
+    """The host path behind a container path (the agent's, or `c`'s), through the deepest
+    hostPath mount over it."""
     spec = daemonset(docs)["spec"]["template"]["spec"]
     volumes = {v["name"]: v for v in spec["volumes"]}
     path = PurePosixPath(path)
     best: tuple[int, str | None] = (-1, None)
-    for m in container(docs)["volumeMounts"]:
+    for m in (c or container(docs))["volumeMounts"]:
         mount = PurePosixPath(m["mountPath"])
         if path == mount or mount in path.parents:
             depth = len(mount.parts)
@@ -161,43 +178,64 @@ def test_flags_parse_and_name_mounted_host_paths(kustomization: str) -> None:
         config.agent.cgroup_root or config.agent.sysfs / "fs" / "cgroup"
     )  # and unified/ under it
     assert host_path(docs, cgroup) == "/sys/fs/cgroup"
+    assert host_path(docs, net.bpf_pin_root) == "/sys/fs/bpf/gpuscope"
+    # The init container loads what the agent reads: the same probes (map sizes, traffic
+    # mode, cgroup root, pins), from the same host paths.
+    helper = helper_config(docs)
+    h = helper_container(docs)
+    assert net_config(helper.agent, helper.of(NET)) == net_config(config.agent, net)
+    assert host_path(docs, helper.agent.procfs, h) == "/proc"
+    assert host_path(docs, helper.agent.sysfs, h) == "/sys"
+    assert host_path(docs, cgroup, h) == "/sys/fs/cgroup"
+    assert host_path(docs, helper.of(NET).bpf_pin_root, h) == "/sys/fs/bpf/gpuscope"
     # bcc itself reads /lib/modules/$(uname -r)/build, whose link points into /usr/src: both at
     # their host paths, whatever --kernel-modules says.
     assert net.kernel_modules == Path("/lib/modules")
-    assert host_path(docs, "/lib/modules") == "/lib/modules"
-    assert host_path(docs, "/usr/src") == "/usr/src"
+    assert host_path(docs, "/lib/modules", h) == "/lib/modules"
+    assert host_path(docs, "/usr/src", h) == "/usr/src"
     # The image's fallback tree must not be hidden by a host mount.
-    assert host_path(docs, net.kernel_headers) is None
+    assert host_path(docs, net.kernel_headers, h) is None
     assert str(net.kernel_headers) == dockerfile_fallback_tree()
-    assert host_path(docs, TRACEFS_CANDIDATES[0]) == str(TRACEFS_CANDIDATES[0])
+    assert host_path(docs, TRACEFS_CANDIDATES[0], h) == str(TRACEFS_CANDIDATES[0])
+    # The agent compiles nothing: no headers, no tracefs.
+    assert host_path(docs, "/lib/modules") is None and host_path(docs, "/usr/src") is None
+    assert host_path(docs, TRACEFS_CANDIDATES[0]) is None
     socket = config.of(KUBELET).kubelet_socket
     assert host_path(docs, socket) == "/var/lib/kubelet/pod-resources/kubelet.sock"
     expected_mode = "none" if kustomization == "overlays/no-node-labels" else "node"
     assert config.labels.labels_mode == expected_mode
 
 
-def test_host_mounts_are_read_only_and_tmp_is_scratch() -> None:
+def test_host_mounts_are_read_only_but_bpffs_and_tmp_is_scratch() -> None:
     docs = render("base")
     spec = daemonset(docs)["spec"]["template"]["spec"]
     volumes = {v["name"]: v for v in spec["volumes"]}
-    for m in container(docs)["volumeMounts"]:
-        if "hostPath" in volumes[m["name"]]:
-            assert m.get("readOnly") is True, m
-        else:
-            assert m["mountPath"] == "/tmp" and "emptyDir" in volumes[m["name"]], m
+    for c in (container(docs), helper_container(docs)):
+        for m in c["volumeMounts"]:
+            if m["mountPath"] == "/sys/fs/bpf":  # pins are created (helper), opened read-write
+                assert volumes[m["name"]]["hostPath"]["path"] == "/sys/fs/bpf", m
+                assert not m.get("readOnly"), m
+            elif "hostPath" in volumes[m["name"]]:
+                assert m.get("readOnly") is True, m
+            else:
+                assert m["mountPath"] == "/tmp" and "emptyDir" in volumes[m["name"]], m
 
 
 def test_security_context() -> None:
     docs = render("base")
     pod = daemonset(docs)["spec"]["template"]["spec"]
-    sc = container(docs)["securityContext"]
     assert pod["hostPID"] is True
     assert not pod.get("hostNetwork") and not pod.get("hostIPC")
-    assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
-    assert sc["readOnlyRootFilesystem"] is True and sc["runAsUser"] == 0
-    assert sc["capabilities"]["drop"] == ["ALL"]
+    for c in (container(docs), helper_container(docs)):
+        sc = c["securityContext"]
+        assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
+        assert sc["readOnlyRootFilesystem"] is True and sc["runAsUser"] == 0
+        assert sc["capabilities"]["drop"] == ["ALL"]
     # tests/kernel/test_least_privilege.py shows each one is needed and that together they suffice.
-    assert sorted(sc["capabilities"]["add"]) == ["BPF", "NET_ADMIN", "PERFMON"]
+    helper = helper_container(docs)["securityContext"]["capabilities"]["add"]
+    assert sorted(helper) == ["BPF", "NET_ADMIN", "PERFMON"]
+    assert container(docs)["securityContext"]["capabilities"]["add"] == ["BPF"]
+    assert helper_container(docs)["image"] == container(docs)["image"]
     assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
     (ns,) = find(docs, "Namespace")
     assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"

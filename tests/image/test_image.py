@@ -23,6 +23,7 @@ from tests.doubles.fakeamdsmi.control import FakeAmdSmi
 from tests.doubles.fakeamdsmi.control import ensure_built as ensure_fake_amdsmi
 from tests.doubles.fakenvml.control import STATE_ENV, FakeNvml
 from tests.doubles.kubelet_server import KubeletServer, container, devices, pod
+from tests.support.bpf import pin_root, remove_pins
 from tests.support.common import free_port
 from tests.support.image import (
     NVML_IN_IMAGE,
@@ -136,28 +137,40 @@ def test_the_agent_runs_from_the_image_as_the_daemonset_mounts_it(
         kubelet.set_pods(
             pod("team-a", "trainer-0", container("main", devices("nvidia.com/gpu", gpu0)))
         )
-        # A node without kernel headers (the volumes' host paths are optional): the net
-        # collector must compile its probes against the image's fallback tree.
-        mounts = daemonset_mounts(
-            {
-                "pod-resources": str(kubelet.directory),
-                "lib-modules": str(empty_modules),
-                "usr-src": str(empty_src),
-            }
-        )
+        # The host's bpffs as the pods see it: a directory of this test's on bpffs.
+        bpffs = pin_root("image")
+        bpffs.mkdir(parents=True, exist_ok=True)
+        stack.callback(remove_pins, bpffs)
+        fields = {
+            "spec.nodeName": "image-node",
+            "metadata.namespace": "gpuscope",
+            "metadata.name": "gpuscope-abcde",
+            "metadata.uid": "00000000-0000-0000-0000-000000000001",
+        }
+        # First the init container: on a node without kernel headers (the volumes' host
+        # paths are optional), it compiles the probes against the image's fallback tree.
+        helper_args, helper_env = daemonset_args_env(fields, helper=True)
+        helper_log = tmp_path / "bpf-load.log"
+        loading = image_root.spawn(
+            daemonset_mounts(
+                {"lib-modules": str(empty_modules), "usr-src": str(empty_src),
+                 "bpffs": str(bpffs)}, helper=True,
+            ),
+            [*list(image_root.config["Entrypoint"]), *helper_args],
+            helper_env,
+            daemonset_capabilities(helper=True),
+            helper_log,
+        )  # fmt: skip
+        assert loading.wait(120) == 0, helper_log.read_text()
+        loaded = helper_log.read_text()
+        assert f"headers {FALLBACK_HEADERS} (fallback)" in loaded, loaded
+        mounts = daemonset_mounts({"pod-resources": str(kubelet.directory), "bpffs": str(bpffs)})
         # What the NVIDIA container runtime injects (here the fake), and the fake's script.
         mounts += [
             Mount(NVML_IN_IMAGE, str(fake_lib), True),
             Mount(FAKE_STATE_DIR, str(state_dir), True),
         ]
-        args, env = daemonset_args_env(
-            {
-                "spec.nodeName": "image-node",
-                "metadata.namespace": "gpuscope",
-                "metadata.name": "gpuscope-abcde",
-                "metadata.uid": "00000000-0000-0000-0000-000000000001",
-            }
-        )
+        args, env = daemonset_args_env(fields)
         port = free_port()
         # The manifest's own arguments, then what this node lacks: no API server (pods
         # collector, node labels) and a loopback port of the test's choosing.
@@ -200,8 +213,10 @@ def test_the_agent_runs_from_the_image_as_the_daemonset_mounts_it(
         assert len(metrics.series("gpuscope_gpu_info")) == 8
         assert metrics.get("gpuscope_gpu_allocation_info", pod="trainer-0", uuid=gpu0) == 1.0
         assert metrics.get("gpuscope_build_info", version=__version__) == 1.0
-        assert f"kernel headers {FALLBACK_HEADERS}, from fallback" in log, log
+        assert "running the bpf-load helper" not in log, "the agent loaded its own probes"
         assert metrics.series("gpuscope_bpf_probe_info"), log
+        maps = Path(f"/proc/{agent.pid}/maps").read_text()
+        assert not [lib for lib in ("libLLVM", "libclang", "libbcc") if lib in maps], maps
 
 
 # --- AMD nodes (issue #23; docs/amd.md): the amdsmi bindings the image carries, and ROCm's

@@ -30,7 +30,7 @@ import pytest
 
 from gpuscope import __version__
 from tests.support.common import REQUIRE_ROOT_ENV
-from tests.support.manifests import container, daemonset, render
+from tests.support.manifests import container, daemonset, helper_container, render
 
 IMAGE_ENV = "GPUSCOPE_IMAGE"  # set by `make image-test` and `make test`
 DEFAULT_IMAGE = f"ghcr.io/gpuscope/gpuscope:{__version__}"
@@ -88,14 +88,19 @@ class Mount:
         return [f"mount -t {self.fstype} -o {options} {shlex.quote(self.source)} {where}"]
 
 
-def daemonset_mounts(host_paths: Mapping[str, str]) -> list[Mount]:
-    """The agent container's volume mounts from the rendered base DaemonSet; `host_paths`
-    replaces a volume's host path by its name (a test's kubelet socket directory, say).
-    emptyDir volumes are fresh tmpfs mounts."""
+def _container(helper: bool) -> dict[str, Any]:
+    docs = render("base")
+    return helper_container(docs) if helper else container(docs)
+
+
+def daemonset_mounts(host_paths: Mapping[str, str], *, helper: bool = False) -> list[Mount]:
+    """The agent container's (or the bpf-load init container's) volume mounts from the
+    rendered base DaemonSet; `host_paths` replaces a volume's host path by its name (a test's
+    kubelet socket directory, say). emptyDir volumes are fresh tmpfs mounts."""
     docs = render("base")
     volumes = {v["name"]: v for v in daemonset(docs)["spec"]["template"]["spec"]["volumes"]}
     mounts = []
-    for m in container(docs)["volumeMounts"]:
+    for m in _container(helper)["volumeMounts"]:
         volume = volumes[m["name"]]
         read_only = bool(m.get("readOnly", False))
         if "emptyDir" in volume:
@@ -106,10 +111,12 @@ def daemonset_mounts(host_paths: Mapping[str, str]) -> list[Mount]:
     return mounts
 
 
-def daemonset_args_env(field_values: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
+def daemonset_args_env(
+    field_values: Mapping[str, str], *, helper: bool = False
+) -> tuple[list[str], dict[str, str]]:
     """The container's arguments and environment, `fieldRef`s filled from `field_values`
     (keyed by field path, e.g. spec.nodeName)."""
-    c = container(render("base"))
+    c = _container(helper)
     env = {}
     for e in c.get("env", []):
         if "value" in e:
@@ -119,8 +126,8 @@ def daemonset_args_env(field_values: Mapping[str, str]) -> tuple[list[str], dict
     return list(c["args"]), env
 
 
-def daemonset_capabilities() -> list[str]:
-    caps = container(render("base"))["securityContext"]["capabilities"]
+def daemonset_capabilities(*, helper: bool = False) -> list[str]:
+    caps = _container(helper)["securityContext"]["capabilities"]
     assert caps["drop"] == ["ALL"], caps
     return [str(c).lower() for c in caps["add"]]
 
