@@ -31,7 +31,9 @@ class PinnedMap:
         self.cpus = cpus if info.percpu else 1
         self._stride = -spec.value.size % 8 + spec.value.size if info.percpu else 0
         self.value_bytes = self._stride * self.cpus if info.percpu else spec.value.size
-        self._batch = True
+        self._batch: syscall.BatchLookup | None = syscall.BatchLookup(
+            fd, spec.key.size, self.value_bytes, info.max_entries
+        )
         if info.percpu:
             cpu_format = spec.value.format + "x" * (self._stride - spec.value.size)
             self._cpu_struct = struct.Struct(cpu_format)
@@ -43,32 +45,31 @@ class PinnedMap:
     def _value(self, raw: bytes) -> tuple[Any, ...]:
         if not self.info.percpu:
             return self.spec.value.decode(raw)
-        per_cpu = list(self._cpu_struct.iter_unpack(raw))
-        return tuple(sum(column) for column in zip(*per_cpu, strict=True))
+        (summed,) = self._summed(raw)
+        return summed
+
+    def _summed(self, raw: bytes) -> list[tuple[Any, ...]]:
+        """Per-CPU values (one key's or many keys' in a row), summed field by field per key:
+        one unpack over the whole buffer, then the CPUs of each key grouped."""
+        rows = self._cpu_struct.iter_unpack(raw)
+        if self.cpus == 1:
+            return list(rows)
+        groups = zip(*[rows] * self.cpus, strict=True)
+        return [tuple(map(sum, zip(*group, strict=True))) for group in groups]
 
     def entries(self) -> list[Entry]:
         """Every (key, value), by batch lookup where the kernel has it (5.6+)."""
         key_layout, key_size = self.spec.key, self.spec.key.size
-        if self._batch:
-            got = syscall.lookup_batch(self.fd, key_size, self.value_bytes, self.max_entries)
+        if self._batch is not None:
+            got = self._batch()
             if got is not None:
-                keys, values, n = got
-                key_struct = struct.Struct(key_layout.format)
-                vb = self.value_bytes
+                keys, values, _ = got
+                key_rows = struct.Struct(key_layout.format).iter_unpack(keys)
                 if not self.info.percpu:
-                    value_struct = struct.Struct(self.spec.value.format)
-                    pairs = zip(
-                        key_struct.iter_unpack(keys), value_struct.iter_unpack(values), strict=True
-                    )
-                    return list(pairs)
-                return [
-                    (
-                        key_struct.unpack_from(keys, i * key_size),
-                        self._value(values[i * vb : i * vb + vb]),
-                    )
-                    for i in range(n)
-                ]
-            self._batch = False
+                    value_rows = struct.Struct(self.spec.value.format).iter_unpack(values)
+                    return list(zip(key_rows, value_rows, strict=True))
+                return list(zip(key_rows, self._summed(values), strict=True))
+            self._batch = None
         out: list[Entry] = []
         for raw_key in syscall.keys(self.fd, key_size):
             raw_value = syscall.lookup(self.fd, raw_key, self.value_bytes)
@@ -90,7 +91,7 @@ class PinnedMap:
 
     def count(self) -> int:
         """Entries, without decoding values (for maps too large to read every scrape)."""
-        got = syscall.lookup_batch(self.fd, self.spec.key.size, self.value_bytes, self.max_entries)
+        got = self._batch() if self._batch is not None else None
         if got is not None:
             return got[2]
         return sum(1 for _ in syscall.keys(self.fd, self.spec.key.size))

@@ -197,57 +197,67 @@ def keys(fd: int, key_size: int) -> Iterator[bytes]:
         current = ctypes.create_string_buffer(nxt.raw, key_size)
 
 
-def lookup_batch(
-    fd: int, key_size: int, value_size: int, max_entries: int, chunk: int = 4096
-) -> tuple[bytes, bytes, int] | None:
-    """Every entry in as few BPF_MAP_LOOKUP_BATCH calls as the kernel allows: (keys, values,
-    count), packed key_size and value_size bytes apart. None where the kernel or the map
-    type has no batch lookup (EINVAL, ENOTSUPP): the caller falls back to `keys`."""
-    count = max(1, min(chunk, max_entries))
-    keys_buf = ctypes.create_string_buffer(key_size * count)
-    values_buf = ctypes.create_string_buffer(value_size * count)
-    token_size = max(key_size, 8)  # hash maps use a u32 bucket index, arrays a key
-    tokens = (ctypes.create_string_buffer(token_size), ctypes.create_string_buffer(token_size))
-    out_keys, out_values, total = bytearray(), bytearray(), 0
-    first = True
-    while True:
-        in_batch, out_batch = tokens
-        attr = _attr(
-            "=QQQQIIQQ",
-            0 if first else _addr(in_batch),
-            _addr(out_batch),
-            _addr(keys_buf),
-            _addr(values_buf),
-            count,
-            fd,
-            0,
-            0,
-        )
-        done = False
-        try:
-            _bpf(MAP_LOOKUP_BATCH, attr, "batch lookup")
-        except BpfError as exc:
-            if exc.errno == errno_codes.ENOENT:
-                done = True  # the last batch: attr.count says how many it filled
-            elif exc.errno == errno_codes.ENOSPC and count < max(max_entries, 1) * 4:
-                # One bucket holds more entries than `count` (the kernel then copied none):
-                # the same batch again, with room for them.
-                count *= 4
-                keys_buf = ctypes.create_string_buffer(key_size * count)
-                values_buf = ctypes.create_string_buffer(value_size * count)
-                continue
-            elif exc.errno in (errno_codes.EINVAL, errno_codes.ENOTSUP, 524) and first:
-                return None  # 524: the kernel's internal ENOTSUPP
-            else:
-                raise
-        filled = struct.unpack_from("=I", attr, 32)[0]
-        out_keys += keys_buf.raw[: filled * key_size]
-        out_values += values_buf.raw[: filled * value_size]
-        total += filled
-        if done:
-            return bytes(out_keys), bytes(out_values), total
-        first = False
-        tokens = (out_batch, in_batch)
+class BatchLookup:
+    """Every entry of one map in as few BPF_MAP_LOOKUP_BATCH calls as the kernel allows,
+    into buffers kept between reads (a scrape reads the same maps every time)."""
+
+    def __init__(self, fd: int, key_size: int, value_size: int, max_entries: int,
+                 chunk: int = 4096) -> None:  # fmt: skip
+        self.fd, self.key_size, self.value_size = fd, key_size, value_size
+        self.max_entries = max(1, max_entries)
+        self._size(max(1, min(chunk, self.max_entries)))
+        token_size = max(key_size, 8)  # hash maps use a u32 bucket index, arrays a key
+        self._tokens = (ctypes.create_string_buffer(token_size),
+                        ctypes.create_string_buffer(token_size))  # fmt: skip
+
+    def _size(self, count: int) -> None:
+        self.count = count
+        self._keys = ctypes.create_string_buffer(self.key_size * count)
+        self._values = ctypes.create_string_buffer(self.value_size * count)
+
+    def __call__(self) -> tuple[bytes, bytes, int] | None:
+        """(keys, values, count), packed key_size and value_size bytes apart. None where the
+        kernel or the map type has no batch lookup (EINVAL, ENOTSUPP): the caller falls back
+        to `keys`."""
+        out_keys, out_values, total = [], [], 0
+        in_batch, out_batch = self._tokens
+        first = True
+        while True:
+            attr = _attr(
+                "=QQQQIIQQ",
+                0 if first else _addr(in_batch),
+                _addr(out_batch),
+                _addr(self._keys),
+                _addr(self._values),
+                self.count,
+                self.fd,
+                0,
+                0,
+            )
+            done = False
+            try:
+                _bpf(MAP_LOOKUP_BATCH, attr, "batch lookup")
+            except BpfError as exc:
+                if exc.errno == errno_codes.ENOENT:
+                    done = True  # the last batch: attr.count says how many it filled
+                elif exc.errno == errno_codes.ENOSPC and self.count < self.max_entries * 4:
+                    # One bucket holds more entries than `count` (the kernel then copied
+                    # none): the same batch again, with room for them.
+                    self._size(self.count * 4)
+                    continue
+                elif exc.errno in (errno_codes.EINVAL, errno_codes.ENOTSUP, 524) and first:
+                    return None  # 524: the kernel's internal ENOTSUPP
+                else:
+                    raise
+            filled = struct.unpack_from("=I", attr, 32)[0]
+            if filled:
+                out_keys.append(ctypes.string_at(self._keys, filled * self.key_size))
+                out_values.append(ctypes.string_at(self._values, filled * self.value_size))
+                total += filled
+            if done:
+                return b"".join(out_keys), b"".join(out_values), total
+            first = False
+            in_batch, out_batch = out_batch, in_batch
 
 
 def link_create(prog_fd: int, target_fd: int, attach_type: int) -> int:

@@ -57,17 +57,15 @@ class NetMaps:
 
     def read(self) -> RawCounters:
         maps = self.pinned
-        traffic = {
-            (int(k[0]), int(k[1]), int(k[2])): (int(v[0]), int(v[1]))
-            for k, v in maps["traffic"].entries()
-        }
-        tcp = {int(k[0]): tuple(int(x) for x in v) for k, v in maps["tcp"].entries()}
+        # Keys and values are ints already (struct); the layouts fix their order.
+        traffic = {k: v for k, v in maps["traffic"].entries()}
+        tcp = {k[0]: v for k, v in maps["tcp"].entries()}
         rtt: dict[tuple[int, int], int] = {}
         if "rtt" in maps:
-            rtt = {(int(k[0]), int(k[1])): int(v[0]) for k, v in maps["rtt"].entries()}
-        full = {int(k[0]): int(v[0]) for k, v in maps["map_full"].entries()}
+            rtt = {k: v[0] for k, v in maps["rtt"].entries()}
+        full = {k[0]: v[0] for k, v in maps["map_full"].entries()}
         map_full = {name: full.get(i, 0) for i, name in enumerate(MAP_INDEX)}
-        return RawCounters(traffic=traffic, tcp=tcp, rtt=rtt, map_full=map_full)  # type: ignore[arg-type]
+        return RawCounters(traffic=traffic, tcp=tcp, rtt=rtt, map_full=map_full)
 
     def map_entries(self, raw: RawCounters) -> dict[str, int]:
         """Entries per map: from what `read` returned, and for the socket map (which can hold
