@@ -2,8 +2,8 @@
 
 `PodResourcesClient` reads the API into the records of `records`; `gpu_allocations` matches
 those to the node's GPUs and MIG instances. Both are usable without the other, and only the
-client needs gRPC: it is imported on first use, so the records and the matching (which the
-attribution stage uses on every scrape) do not cost every agent gRPC's 15 MB.
+client needs protobuf and h2: it is imported on first use, so the records and the matching
+(which the attribution stage uses on every scrape) do not cost every agent their imports.
 """
 
 from typing import Any
