@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -331,6 +332,28 @@ def test_recovers_when_the_kubelet_restarted_between_calls(
     kubelet.restart()  # a new socket file: the old connection is gone
     kubelet.set_pods(pod("a", "q"))
     assert client.list() == (PodDevices("a", "q", ()),)
+
+
+def test_threads_share_one_client(kubelet: KubeletServer, client: PodResourcesClient) -> None:
+    """Calls from several threads at once are serialized on one connection, each answered."""
+    kubelet.set_pods(pod("a", "p"), pod("b", "q"))
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: client.list(), range(40)))
+    assert all(a == answers[0] for a in answers) and len(answers[0]) == 2
+
+
+def test_a_call_waiting_on_a_slow_one_keeps_its_own_deadline(kubelet: KubeletServer) -> None:
+    kubelet.delay = 1.0
+    with (
+        PodResourcesClient(kubelet.socket_path, timeout=0.3) as client,
+        ThreadPoolExecutor(2) as pool,
+    ):
+        began = time.monotonic()
+        calls = [pool.submit(client.list) for _ in range(2)]
+        for call in calls:
+            with pytest.raises(PodResourcesUnavailable, match=r"no answer within 0\.3s"):
+                call.result()
+        assert time.monotonic() - began < 1.5
 
 
 def test_close_then_use_again(kubelet: KubeletServer) -> None:
