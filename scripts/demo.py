@@ -276,8 +276,12 @@ def summary(now: Exposition, before: Exposition | None, elapsed: float) -> str:
 
 
 def network_line(m: Exposition) -> str:
-    status = {c: int(v) for c, v in m.by_label("gpuscope_collector_success", "collector").items()}
-    if not status.get("net"):
+    absent = {c for c, v in m.by_label("gpuscope_collector_absent", "collector").items() if v}
+    status: dict[str, int | str] = {
+        c: "absent" if c in absent else int(v)
+        for c, v in m.by_label("gpuscope_collector_success", "collector").items()
+    }  # "absent": the other vendor's collector on this node (its library is not installed)
+    if status.get("net") != 1:
         return f"collectors: {status} (net needs root, BPF and tracefs: see the agent's log)"
     host_tx = sum(m.series("gpuscope_pod_network_transmit_bytes_total", pod_uid="").values())
     nics = len(m.series("gpuscope_nic_info"))
