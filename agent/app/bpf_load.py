@@ -104,9 +104,13 @@ def _load(net: NetConfig) -> tuple[Loaded, HeaderTree]:
             f"no bpffs at {net.pin_root}; mount it: mount -t bpf bpf {net.pin_root.parent}"
             " (in Kubernetes: a hostPath volume of /sys/fs/bpf)"
         )
+    # Capabilities first: in the agent's container (which runs this only when its pins are
+    # gone) CAP_PERFMON is what is missing, before tracefs and the headers are.
+    host.require_capabilities(net.procfs)
     tracefs = host.require_tracefs()
     plan = plan_probes(tracefs, net.traffic_mode)
-    host.require_capabilities(net.procfs, attach_cgroup=plan.traffic == "cgroup_skb")
+    if plan.traffic == "cgroup_skb":
+        host.require_capabilities(net.procfs, attach_cgroup=True)
     headers = host.require_kernel_headers(net.modules_dir, net.fallback_headers)
     root = net.cgroup_root or detect_cgroup_v2_root(net.sysfs / "fs" / "cgroup")
     if root is None:
