@@ -79,7 +79,7 @@ AGENT_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "gpuscope_agent_threads",
         "gauge",
-        "Threads of the agent process, native ones (NVML, bcc, gRPC) included. Grows by one "
+        "Threads of the agent process, native ones (NVML, AMD SMI) included. Grows by one "
         "per stuck collector or GPU at most.",
         (),
         "agent",
