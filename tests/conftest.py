@@ -5,11 +5,13 @@ GPUSCOPE_REQUIRE_ROOT=1 (tests/README.md)."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from gpuscope.agent.bpf.pins import DEFAULT_PIN_ROOT
 from tests.doubles.fakeamdsmi.control import FakeAmdSmi
 from tests.doubles.fakenvml.control import FakeNvml, ensure_built
 from tests.support import (
@@ -21,12 +23,24 @@ from tests.support import (
     start_amd_inprocess,
     start_inprocess,
 )
-from tests.support.bpf import remove_session_pins
+from tests.support.bpf import remove_pins, remove_session_pins
+
+_DEFAULT_PINS_BEFORE = DEFAULT_PIN_ROOT.exists()
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Pinned probes outlive the agents that used them: the session's go with it."""
+    """Pinned probes outlive the agents that used them: the session's go with it. A test
+    that pinned under the default root instead (where a real agent's pins would be, and
+    where the next test run would find and read them) fails the session."""
     remove_session_pins()
+    if not _DEFAULT_PINS_BEFORE and DEFAULT_PIN_ROOT.exists():
+        remove_pins(DEFAULT_PIN_ROOT)
+        print(
+            f"\nERROR: a test pinned eBPF probes under {DEFAULT_PIN_ROOT}, the default root: "
+            "give its agent tests/support/bpf.py's pin_root()",
+            file=sys.stderr,
+        )
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

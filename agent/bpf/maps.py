@@ -111,13 +111,13 @@ class PinnedFamily:
         self.maps = maps
 
     @classmethod
-    def open(cls, directory: Path, sysfs: Path = Path("/sys")) -> PinnedFamily:
+    def open(cls, directory: Path) -> PinnedFamily:
         """Open every map of the manifest. Raises ManifestError when a map is missing or its
         sizes are not what the manifest says (pins damaged or from another gpuscope)."""
         manifest = read_manifest(directory)
         if manifest.get("machine") not in (None, platform.machine()):
             raise ManifestError(f"{directory} was pinned for {manifest['machine']}")
-        cpus = syscall.possible_cpus(sysfs)
+        cpus = syscall.possible_cpus()
         maps: dict[str, PinnedMap] = {}
         try:
             for name, value in manifest["maps"].items():

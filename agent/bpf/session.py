@@ -62,7 +62,6 @@ def open_family(
     pin_root: Path,
     *,
     helper_args: Sequence[str] | None,
-    sysfs: Path = Path("/sys"),
 ) -> PinnedFamily:
     """The family's pinned maps, open. `helper_args` None: never run the helper (the pins
     must be there)."""
@@ -73,7 +72,7 @@ def open_family(
         log.info("no pinned %s probes at %s: running the bpf-load helper", family.name, directory)
         log.info("bpf-load helper: %s", run_helper(helper_args))
     try:
-        return PinnedFamily.open(directory, sysfs)
+        return PinnedFamily.open(directory)
     except syscall.BpfError as exc:
         if exc.errno == errno.EPERM:
             # Linux 6.5 lets anyone who may open the pins use them; before, bpf(2) is closed

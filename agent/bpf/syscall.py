@@ -290,9 +290,13 @@ def tracepoint_event(tracefs: Path, category: str, event: str) -> int:
     return int(fd)
 
 
-def possible_cpus(sysfs: Path = Path("/sys")) -> int:
-    """How many values a per-CPU map holds per key: the kernel's possible CPUs ("0-3,8")."""
-    text = (sysfs / "devices" / "system" / "cpu" / "possible").read_text().strip()
+def possible_cpus() -> int:
+    """How many values a per-CPU map holds per key: the kernel's possible CPUs ("0-3,8").
+
+    Read from this process's own /sys, not the host root the agent is pointed at
+    (--sysfs): it is the running kernel's, the same in any sysfs mount, and a fixture tree
+    standing in for the host's /sys has no reason to carry it."""
+    text = Path("/sys/devices/system/cpu/possible").read_text().strip()
     highest = 0
     for part in text.split(","):
         highest = max(highest, int(part.split("-")[-1]))

@@ -198,7 +198,6 @@ class NetSource:
             family,
             cfg.pin_root,
             helper_args=cfg.helper_args(root) if cfg.run_helper else None,
-            sysfs=cfg.sysfs,
         )
         probes = NetMaps(pinned)
         resolver = CgroupResolver(root, monotonic=self.clock.monotonic)
