@@ -21,6 +21,7 @@ import pytest
 
 from tests.doubles.fakenvml.control import FakeNvml
 from tests.support import GPUSCOPE, HEADERS, REPO, free_port
+from tests.support.bpf import pin_root, remove_pins
 
 pytestmark = pytest.mark.e2e
 
@@ -65,7 +66,8 @@ def _one_start(collectors: str, tmp_path: Path, run: int) -> None:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUSCOPE_")}
-    env.update(fake.env(), PYTHONUNBUFFERED="1")
+    pins = pin_root(f"start-once-{port}")  # its own probes, unpinned when it stops
+    env.update(fake.env(), PYTHONUNBUFFERED="1", GPUSCOPE_BPF_PIN_ROOT=str(pins))
     log_path = tmp_path / f"agent-{run}.log"
     answers: list[tuple[int, str]] = []
     stop = threading.Event()
@@ -92,6 +94,7 @@ def _one_start(collectors: str, tmp_path: Path, run: int) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        remove_pins(pins)
     logs = log_path.read_text()
     assert alive, f"run {run}: the agent died (exit {proc.returncode}):\n{logs}"
     assert proc.returncode == 0, f"run {run}: exit {proc.returncode}:\n{logs}"
