@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from gpuscope.agent import check as first_contact
 from gpuscope.agent import logs
@@ -22,9 +23,10 @@ from gpuscope.agent.app.config import Config, ConfigError, parse
 from gpuscope.agent.app.config import build_parser as agent_parser
 from gpuscope.agent.app.registry import accelerators
 from gpuscope.agent.labels import cli as labels_cli
-from gpuscope.agent.labels.loop import LabelsLoop, make_publisher
-from gpuscope.agent.runtime.accelerators import DeviceWatch
 from gpuscope.agent.serve.server import MetricsServer
+
+if TYPE_CHECKING:
+    from gpuscope.agent.labels.loop import LabelsLoop
 
 log = logging.getLogger("gpuscope")
 
@@ -76,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         server = MetricsServer(
             (host, port),
-            agent.registry,
+            lambda: agent.registry,  # made on the first OpenMetrics scrape
             agent.collector.render_text,
             lambda: agent.ready,
             health=agent.health_detail,
@@ -130,9 +132,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def start_labels(config: Config, agent: Agent) -> LabelsLoop | None:
-    publish = make_publisher(config)
     enabled = accelerators(config.collectors)
-    if publish is None or not enabled:
+    if config.labels.labels_mode == "none" or not enabled:
+        return None  # and the labels loop, its publishers and their clients stay unimported
+    from gpuscope.agent.labels.loop import LabelsLoop, make_publisher
+    from gpuscope.agent.runtime.accelerators import DeviceWatch
+
+    publish = make_publisher(config)
+    if publish is None:
         return None
     # A stand-in for a missing dependency is no watch.
     watches = {

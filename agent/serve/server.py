@@ -38,10 +38,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, choose_encoder
-from prometheus_client.registry import CollectorRegistry
+from typing import TYPE_CHECKING, Any
 
 from gpuscope.agent.runtime.options import ConfigError
 from gpuscope.agent.serve.credential_checks import CredentialChecks, Verdict, client_key
@@ -61,12 +58,19 @@ from gpuscope.agent.serve.web_config import (
     parse_basic_authorization,
 )
 
+if TYPE_CHECKING:
+    from prometheus_client.registry import CollectorRegistry
+
 __all__ = ["MetricsServer", "ServerStats", "parse_listen_address"]
 
 log = logging.getLogger("gpuscope.server")
 
 _HOSTNAME_LABEL = "abcdefghijklmnopqrstuvwxyz0123456789-"
 _TEXT = "text/plain; charset=utf-8"
+# The text format's type: prometheus_client's CONTENT_TYPE_LATEST in the pinned release
+# (tests/unit/agent/test_server.py compares them), named here so that a text scrape never
+# imports prometheus_client; OpenMetrics does, through `choose_encoder`.
+CONTENT_TYPE_TEXT = "text/plain; version=1.0.0; charset=utf-8"
 _INDEX = b"<html><body><h1>gpuscope</h1><a href='/metrics'>/metrics</a></body></html>\n"
 # Served without credentials (and without the rate limit): the kubelet's probes send none.
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
@@ -231,7 +235,7 @@ class MetricsServer:
     def __init__(
         self,
         address: tuple[str, int],
-        registry: CollectorRegistry,
+        registry: CollectorRegistry | Callable[[], CollectorRegistry],
         render_text: Callable[[], bytes],
         ready: Callable[[], bool],
         *,
@@ -495,10 +499,11 @@ class MetricsServer:
         accept = _openmetrics_accept(request)
         try:
             if accept:
-                encoder, content_type = choose_encoder(accept)
-                body = encoder(self.registry)
+                encoder, content_type = _choose_encoder(accept)
+                registry = self.registry
+                body = encoder(registry() if callable(registry) else registry)
             else:
-                content_type = CONTENT_TYPE_LATEST
+                content_type = CONTENT_TYPE_TEXT
                 body = self.render_text()
         except Exception as exc:  # noqa: BLE001 - any render failure: a 500, logged once
             self._render_failed(exc)
@@ -563,7 +568,14 @@ def _negotiated_format(request: Request) -> str:
     are shared by it, not by the `Accept` header's spelling, so scrapers that write the
     same wish differently (order, spaces, q-values, other types beside it) share one."""
     accept = _openmetrics_accept(request)
-    return choose_encoder(accept)[1] if accept else ""
+    return _choose_encoder(accept)[1] if accept else ""
+
+
+def _choose_encoder(accept: str) -> tuple[Callable[[CollectorRegistry], bytes], str]:
+    """prometheus_client's encoder and content type for an OpenMetrics `Accept` header."""
+    from prometheus_client.exposition import choose_encoder
+
+    return choose_encoder(accept)
 
 
 def _openmetrics_accept(request: Request) -> str:

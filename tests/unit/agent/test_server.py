@@ -690,3 +690,13 @@ def test_lenient_request_forms_still_get_metrics(
     with Client(server) as sock:
         sock.send(request_bytes)
         assert sock.response()[:3:2] == (200, BODY)
+
+
+def test_the_text_format_is_served_with_prometheus_clients_content_type() -> None:
+    """The server names the text format's type itself, so that a text scrape never imports
+    prometheus_client (issue #24); it must stay what the pinned release names."""
+    from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+    from gpuscope.agent.serve.server import CONTENT_TYPE_TEXT
+
+    assert CONTENT_TYPE_TEXT == CONTENT_TYPE_LATEST
