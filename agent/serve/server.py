@@ -549,12 +549,16 @@ class MetricsServer:
         loop = self._loop
         assert loop is not None
 
-        def job() -> None:
+        def job() -> Callable[[], None]:
             answer = self.render(request)
-            try:
-                loop.call_soon_threadsafe(self._rendered, key, answer)
-            except RuntimeError:
-                log.debug("http: a render finished after the server stopped")
+
+            def hand_back() -> None:
+                try:
+                    loop.call_soon_threadsafe(self._rendered, key, answer)
+                except RuntimeError:
+                    log.debug("http: a render finished after the server stopped")
+
+            return hand_back
 
         self._workers.submit(job)
 
@@ -1009,37 +1013,62 @@ class _Bucket:
         return True
 
 
+_Job = Callable[[], Callable[[], None] | None]
+
+
 class _Workers:
-    """A fixed set of daemon render threads. Not concurrent.futures: its threads are
-    joined at interpreter exit, so one hung render would keep the process from exiting.
-    Jobs in flight are bounded by the variants of /metrics (one render each at a time)."""
+    """Up to `count` daemon render threads, each started when a job finds every existing one
+    busy: an agent scraped by one Prometheus keeps one (the others would cost memory for
+    nothing: issue #24), a burst of scrapes of different variants gets up to `count`. Not
+    concurrent.futures: its threads are joined at interpreter exit, so one hung render
+    would keep the process from exiting. Jobs in flight are bounded by the variants of
+    /metrics (one render each at a time)."""
 
     def __init__(self, count: int) -> None:
         self._count = count
-        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        # A job returns what hands its result back, called once the thread counts as idle
+        # again: the client's next request then finds it free instead of starting another.
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._idle = 0  # threads waiting for a job that no submitted job has claimed
+        self._started = False
 
     def start(self) -> None:
-        for i in range(self._count):
-            thread = threading.Thread(target=self._run, name=f"http-render-{i}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        with self._lock:
+            self._started = True
 
-    def submit(self, job: Callable[[], None]) -> None:
+    def submit(self, job: _Job) -> None:
+        with self._lock:
+            if self._idle > 0:
+                self._idle -= 1  # claimed: a second job at once does not count on it too
+            elif self._started and len(self._threads) < self._count:
+                name = f"http-render-{len(self._threads)}"
+                thread = threading.Thread(target=self._run, name=name, daemon=True)
+                thread.start()
+                self._threads.append(thread)
         self._jobs.put(job)
 
     def stop(self) -> None:
         """End the threads, waiting at most a second in all for renders in flight."""
-        for _ in self._threads:
+        with self._lock:
+            self._started = False
+            threads = list(self._threads)
+            self._threads.clear()
+        for _ in threads:
             self._jobs.put(None)
         deadline = time.monotonic() + 1.0
-        for thread in self._threads:
+        for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
-        self._threads.clear()
 
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:
+            hand_back: Callable[[], None] | None = None
             try:
-                job()
+                hand_back = job()
             except Exception:  # a bug here must not end the thread: the pool would shrink
                 log.exception("http: render job failed")
+            with self._lock:
+                self._idle += 1
+            if hand_back is not None:
+                hand_back()
