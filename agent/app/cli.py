@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import errno
 import logging
+import os
 import signal
 import sys
 import threading
@@ -70,6 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gpuscope: {exc}", file=sys.stderr)
         return EXIT_USAGE
     logs.setup(config.agent.log_format, config.agent.log_level)
+    limit_malloc_arenas()
 
     agent = Agent(config)
     host, port = config.agent.listen
@@ -129,6 +131,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         server.stop()
         agent.stop()
     return 0
+
+
+M_ARENA_MAX = -8  # glibc's mallopt() parameter (malloc.h)
+
+
+def limit_malloc_arenas(arenas: int = 1) -> bool:
+    """One malloc arena for the process, before its threads start, unless $MALLOC_ARENA_MAX
+    says otherwise. glibc gives each thread that allocates an arena of its own; the agent's
+    threads (render, per-GPU reads, sampler, XID, stages) run Python under one GIL, so the
+    arenas bought no parallelism and held about 1 MB of a GPU-only agent's ~31 MB resident
+    (issue #24). False where the C library has no mallopt (musl) or refuses."""
+    if "MALLOC_ARENA_MAX" in os.environ:
+        return False
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (AttributeError, OSError):
+        return False
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    mallopt.restype = ctypes.c_int
+    return bool(mallopt(M_ARENA_MAX, arenas))
 
 
 def start_labels(config: Config, agent: Agent) -> LabelsLoop | None:

@@ -85,6 +85,8 @@ NOT_IMPORTED = (
     "google.protobuf",
     "yaml",
     "bcrypt",
+    "hashlib",  # OpenSSL's hashes: bounded names and basic auth import them when they hash
+    "hmac",
     "email",
     "http.server",
     "urllib.request",
