@@ -209,9 +209,7 @@ def stop(running: Running) -> None:
 
 
 @contextlib.contextmanager
-def started(
-    exporters: list[Exporter], env: dict[str, str], log: Path
-) -> Iterator[list[Running]]:
+def started(exporters: list[Exporter], env: dict[str, str], log: Path) -> Iterator[list[Running]]:
     runs: list[Running] = []
     try:
         for exporter in exporters:
