@@ -153,6 +153,7 @@ bench: venv fakenvml fakeamdsmi kernel
 	$(PY) -W ignore bench/bench_net.py
 	$(PY) -W ignore bench/bench_attribution.py
 	$(PY) bench/server_abuse.py --agent
+	$(PY) bench/bench_vs_nvitop.py --quick
 
 ## A fleet on this machine (about 5 minutes; as root, for the simulated nodes' cgroups): Prometheus
 ## scraping 50 simulated nodes' agents with every rule loaded (docs/performance.md, docs/scale.md).

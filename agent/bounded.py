@@ -11,7 +11,6 @@ which must not import each other.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 
 # Prometheus label values taken from pod metadata (workload kind, name and replica). Longer
@@ -40,6 +39,8 @@ def bounded(
         return text
     if max_length < HASH_LENGTH + 2:
         raise ValueError(f"max_length {max_length} leaves no room for a prefix and the hash")
+    import hashlib  # here: it loads OpenSSL's libcrypto, and most values are short enough
+
     whole = text if digest_of is None else digest_of
     digest = hashlib.sha256(whole.encode("utf-8", "surrogateescape")).hexdigest()[:HASH_LENGTH]
     prefix = text[: max_length - HASH_LENGTH - 1]

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from functools import partial
-from typing import Any
-
-from prometheus_client.registry import CollectorRegistry
+from functools import cached_property, partial
+from typing import TYPE_CHECKING, Any
 
 from gpuscope.agent.app.config import Config
 from gpuscope.agent.app.exposition import exposition_of
@@ -34,6 +32,9 @@ from gpuscope.agent.runtime.sources import (
 from gpuscope.agent.runtime.spec import BuildContext
 from gpuscope.exporters.prometheus.exporter import PrometheusExporter
 from gpuscope.exporters.scrape import ATTRIBUTION_STAGE, Scrape
+
+if TYPE_CHECKING:
+    from prometheus_client.registry import CollectorRegistry
 
 log = logging.getLogger("gpuscope")
 
@@ -126,9 +127,7 @@ class Agent:
             pod_signals=_pod_signals(config, self.clock),
             accelerators=accelerators(config.collectors),
         )
-        self.registry = CollectorRegistry(auto_describe=False)
         self.collector = PrometheusExporter(self.scrape, exposition_of(config))
-        self.registry.register(self.collector)
         self._start_lock = threading.Lock()
         self._started = threading.Event()
         self._ready = threading.Event()
@@ -144,6 +143,17 @@ class Agent:
         self._collect_lock = threading.Lock()
         self._last: tuple[Scrape, float] | None = None  # the newest scrape, clock when done
         self._generation = 0  # collections done; a scrape that saw it change shares the last
+
+    @cached_property
+    def registry(self) -> CollectorRegistry:
+        """prometheus_client's registry holding `collector`, made on first use: OpenMetrics
+        scrapes and tests' `generate_latest` read it; the text format does not, so an agent
+        only ever scraped in it never imports prometheus_client."""
+        from prometheus_client.registry import CollectorRegistry
+
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(self.collector)
+        return registry
 
     def scrape(self, *, start_wait: float = START_WAIT) -> Scrape:
         """Every source, then attribution: what one scrape renders.

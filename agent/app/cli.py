@@ -10,10 +10,12 @@ from __future__ import annotations
 import argparse
 import errno
 import logging
+import os
 import signal
 import sys
 import threading
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from gpuscope.agent import check as first_contact
 from gpuscope.agent import logs
@@ -23,9 +25,10 @@ from gpuscope.agent.app.config import Config, ConfigError, parse
 from gpuscope.agent.app.config import build_parser as agent_parser
 from gpuscope.agent.app.registry import accelerators
 from gpuscope.agent.labels import cli as labels_cli
-from gpuscope.agent.labels.loop import LabelsLoop, make_publisher
-from gpuscope.agent.runtime.accelerators import DeviceWatch
 from gpuscope.agent.serve.server import MetricsServer
+
+if TYPE_CHECKING:
+    from gpuscope.agent.labels.loop import LabelsLoop
 
 log = logging.getLogger("gpuscope")
 
@@ -73,6 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gpuscope: {exc}", file=sys.stderr)
         return EXIT_USAGE
     logs.setup(config.agent.log_format, config.agent.log_level)
+    limit_malloc_arenas()
 
     agent = Agent(config)
     host, port = config.agent.listen
@@ -81,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         server = MetricsServer(
             (host, port),
-            agent.registry,
+            lambda: agent.registry,  # made on the first OpenMetrics scrape
             agent.collector.render_text,
             lambda: agent.ready,
             health=agent.health_detail,
@@ -134,10 +138,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+M_ARENA_MAX = -8  # glibc's mallopt() parameter (malloc.h)
+
+
+def limit_malloc_arenas(arenas: int = 1) -> bool:
+    """One malloc arena for the process, before its threads start, unless $MALLOC_ARENA_MAX
+    says otherwise. glibc gives each thread that allocates an arena of its own; the agent's
+    threads (render, per-GPU reads, sampler, XID, stages) run Python under one GIL, so the
+    arenas bought no parallelism and held about 1 MB of a GPU-only agent's ~31 MB resident
+    (issue #24). False where the C library has no mallopt (musl) or refuses."""
+    if "MALLOC_ARENA_MAX" in os.environ:
+        return False
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (AttributeError, OSError):
+        return False
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    mallopt.restype = ctypes.c_int
+    return bool(mallopt(M_ARENA_MAX, arenas))
+
+
 def start_labels(config: Config, agent: Agent) -> LabelsLoop | None:
-    publish = make_publisher(config)
     enabled = accelerators(config.collectors)
-    if publish is None or not enabled:
+    if config.labels.labels_mode == "none" or not enabled:
+        return None  # and the labels loop, its publishers and their clients stay unimported
+    from gpuscope.agent.labels.loop import LabelsLoop, make_publisher
+    from gpuscope.agent.runtime.accelerators import DeviceWatch
+
+    publish = make_publisher(config)
+    if publish is None:
         return None
     # A stand-in for a missing dependency is no watch.
     watches = {

@@ -17,18 +17,19 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from gpuscope.agent import logs
-from gpuscope.agent.accelerators.records import AnyAccelerators
 from gpuscope.agent.app.config import Config, ConfigError, all_flags, parse
 from gpuscope.agent.app.registry import DEFAULT_COLLECTORS, accelerators
-from gpuscope.agent.clock import SystemClock
-from gpuscope.agent.net.placement import network_placement
 from gpuscope.agent.runtime.options import Flag
-from gpuscope.agent.runtime.sources import SourceUnavailable
-from gpuscope.agent.runtime.spec import BuildContext
-from gpuscope.exporters.labels.gpu import gpu_labels, topology_annotation
-from gpuscope.exporters.labels.validation import validate
+
+if TYPE_CHECKING:
+    from gpuscope.agent.accelerators.records import AnyAccelerators
+
+# The agent's parser imports this module for `add_arguments` (`gpuscope --help` lists the
+# command): what only the command itself runs is imported where it runs, so that an agent
+# imports none of it (tests/integration/test_light_imports.py).
 
 SUMMARY = "print the node labels gpuscope computes from this node's GPUs (no API server)"
 DESCRIPTION = (
@@ -44,6 +45,10 @@ def read_accelerators(config: Config) -> AnyAccelerators | None:
     """The devices of the first accelerator collector that finds any, each source built from
     its declaration as the agent builds it (so the collector's options, --gpu-read-deadline
     and GPUSCOPE_* variables, apply here too); None when none could read, each reason said."""
+    from gpuscope.agent.clock import SystemClock
+    from gpuscope.agent.runtime.sources import SourceUnavailable
+    from gpuscope.agent.runtime.spec import BuildContext
+
     found: AnyAccelerators | None = None
     unreadable: list[str] = []
     for spec in accelerators(config.collectors):
@@ -128,6 +133,10 @@ def labels_main(argv: Sequence[str]) -> int:
     logs.setup(config.agent.log_format, "warning")
     if remove:
         return remove_from_node(config.agent.node_name, prefix)
+
+    from gpuscope.agent.net.placement import network_placement
+    from gpuscope.exporters.labels.gpu import gpu_labels, topology_annotation
+    from gpuscope.exporters.labels.validation import validate
 
     snapshot = read_accelerators(config)
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
-from email.utils import formatdate
 from http import HTTPStatus
 
 __all__ = [
@@ -158,6 +157,18 @@ def accepts_gzip(accept_encoding: str) -> bool:
 
 
 _date_cache: tuple[int, str] = (0, "")
+_DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+
+
+def _imf_fixdate(seconds: int) -> str:
+    """`seconds` since the epoch as an IMF-fixdate, what email.utils.formatdate(usegmt=True)
+    writes (that module would load the email package for this one line)."""
+    t = time.gmtime(seconds)
+    return (
+        f"{_DAYS[t.tm_wday]}, {t.tm_mday:02d} {_MONTHS[t.tm_mon - 1]} {t.tm_year:04d} "
+        f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d} GMT"
+    )
 
 
 def _http_date() -> str:
@@ -165,7 +176,7 @@ def _http_date() -> str:
     global _date_cache
     now = int(time.time())
     if _date_cache[0] != now:
-        _date_cache = (now, formatdate(now, usegmt=True))
+        _date_cache = (now, _imf_fixdate(now))
     return _date_cache[1]
 
 

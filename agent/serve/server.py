@@ -38,10 +38,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, choose_encoder
-from prometheus_client.registry import CollectorRegistry
+from typing import TYPE_CHECKING, Any
 
 from gpuscope.agent.runtime.options import ConfigError
 from gpuscope.agent.serve.credential_checks import CredentialChecks, Verdict, client_key
@@ -61,12 +58,19 @@ from gpuscope.agent.serve.web_config import (
     parse_basic_authorization,
 )
 
+if TYPE_CHECKING:
+    from prometheus_client.registry import CollectorRegistry
+
 __all__ = ["MetricsServer", "ServerStats", "parse_listen_address"]
 
 log = logging.getLogger("gpuscope.server")
 
 _HOSTNAME_LABEL = "abcdefghijklmnopqrstuvwxyz0123456789-"
 _TEXT = "text/plain; charset=utf-8"
+# The text format's type: prometheus_client's CONTENT_TYPE_LATEST in the pinned release
+# (tests/unit/agent/test_server.py compares them), named here so that a text scrape never
+# imports prometheus_client; OpenMetrics does, through `choose_encoder`.
+CONTENT_TYPE_TEXT = "text/plain; version=1.0.0; charset=utf-8"
 _INDEX = b"<html><body><h1>gpuscope</h1><a href='/metrics'>/metrics</a></body></html>\n"
 # Served without credentials (and without the rate limit): the kubelet's probes send none.
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
@@ -231,7 +235,7 @@ class MetricsServer:
     def __init__(
         self,
         address: tuple[str, int],
-        registry: CollectorRegistry,
+        registry: CollectorRegistry | Callable[[], CollectorRegistry],
         render_text: Callable[[], bytes],
         ready: Callable[[], bool],
         *,
@@ -495,10 +499,11 @@ class MetricsServer:
         accept = _openmetrics_accept(request)
         try:
             if accept:
-                encoder, content_type = choose_encoder(accept)
-                body = encoder(self.registry)
+                encoder, content_type = _choose_encoder(accept)
+                registry = self.registry
+                body = encoder(registry() if callable(registry) else registry)
             else:
-                content_type = CONTENT_TYPE_LATEST
+                content_type = CONTENT_TYPE_TEXT
                 body = self.render_text()
         except Exception as exc:  # noqa: BLE001 - any render failure: a 500, logged once
             self._render_failed(exc)
@@ -544,12 +549,16 @@ class MetricsServer:
         loop = self._loop
         assert loop is not None
 
-        def job() -> None:
+        def job() -> Callable[[], None]:
             answer = self.render(request)
-            try:
-                loop.call_soon_threadsafe(self._rendered, key, answer)
-            except RuntimeError:
-                log.debug("http: a render finished after the server stopped")
+
+            def hand_back() -> None:
+                try:
+                    loop.call_soon_threadsafe(self._rendered, key, answer)
+                except RuntimeError:
+                    log.debug("http: a render finished after the server stopped")
+
+            return hand_back
 
         self._workers.submit(job)
 
@@ -563,7 +572,14 @@ def _negotiated_format(request: Request) -> str:
     are shared by it, not by the `Accept` header's spelling, so scrapers that write the
     same wish differently (order, spaces, q-values, other types beside it) share one."""
     accept = _openmetrics_accept(request)
-    return choose_encoder(accept)[1] if accept else ""
+    return _choose_encoder(accept)[1] if accept else ""
+
+
+def _choose_encoder(accept: str) -> tuple[Callable[[CollectorRegistry], bytes], str]:
+    """prometheus_client's encoder and content type for an OpenMetrics `Accept` header."""
+    from prometheus_client.exposition import choose_encoder
+
+    return choose_encoder(accept)
 
 
 def _openmetrics_accept(request: Request) -> str:
@@ -997,37 +1013,62 @@ class _Bucket:
         return True
 
 
+_Job = Callable[[], Callable[[], None] | None]
+
+
 class _Workers:
-    """A fixed set of daemon render threads. Not concurrent.futures: its threads are
-    joined at interpreter exit, so one hung render would keep the process from exiting.
-    Jobs in flight are bounded by the variants of /metrics (one render each at a time)."""
+    """Up to `count` daemon render threads, each started when a job finds every existing one
+    busy: an agent scraped by one Prometheus keeps one (the others would cost memory for
+    nothing: issue #24), a burst of scrapes of different variants gets up to `count`. Not
+    concurrent.futures: its threads are joined at interpreter exit, so one hung render
+    would keep the process from exiting. Jobs in flight are bounded by the variants of
+    /metrics (one render each at a time)."""
 
     def __init__(self, count: int) -> None:
         self._count = count
-        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        # A job returns what hands its result back, called once the thread counts as idle
+        # again: the client's next request then finds it free instead of starting another.
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._idle = 0  # threads waiting for a job that no submitted job has claimed
+        self._started = False
 
     def start(self) -> None:
-        for i in range(self._count):
-            thread = threading.Thread(target=self._run, name=f"http-render-{i}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        with self._lock:
+            self._started = True
 
-    def submit(self, job: Callable[[], None]) -> None:
+    def submit(self, job: _Job) -> None:
+        with self._lock:
+            if self._idle > 0:
+                self._idle -= 1  # claimed: a second job at once does not count on it too
+            elif self._started and len(self._threads) < self._count:
+                name = f"http-render-{len(self._threads)}"
+                thread = threading.Thread(target=self._run, name=name, daemon=True)
+                thread.start()
+                self._threads.append(thread)
         self._jobs.put(job)
 
     def stop(self) -> None:
         """End the threads, waiting at most a second in all for renders in flight."""
-        for _ in self._threads:
+        with self._lock:
+            self._started = False
+            threads = list(self._threads)
+            self._threads.clear()
+        for _ in threads:
             self._jobs.put(None)
         deadline = time.monotonic() + 1.0
-        for thread in self._threads:
+        for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
-        self._threads.clear()
 
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:
+            hand_back: Callable[[], None] | None = None
             try:
-                job()
+                hand_back = job()
             except Exception:  # a bug here must not end the thread: the pool would shrink
                 log.exception("http: render job failed")
+            with self._lock:
+                self._idle += 1
+            if hand_back is not None:
+                hand_back()

@@ -27,8 +27,6 @@ import base64
 import binascii
 import errno
 import functools
-import hashlib
-import hmac
 import ipaddress
 import os
 import re
@@ -693,6 +691,11 @@ class BasicAuth:
     def _key(self, user: str, password: bytes) -> bytes:
         hashed = self._users.get(user, b"")
         message = b"\0".join((user.encode("utf-8", "surrogateescape"), hashed, password))
+        # Imported with the first login, not with the server: an agent without basic auth
+        # never loads them (hashlib costs about 0.6 MB resident).
+        import hashlib
+        import hmac
+
         return hmac.new(self._secret, message, hashlib.sha256).digest()
 
     def cached(self, user: str, password: bytes) -> bool:

@@ -1,7 +1,8 @@
 """The Prometheus exporter: one fresh set of families per scrape, built from records.
 
 `PrometheusExporter` implements prometheus_client's `Collector` protocol (its `collect()` is
-that library's verb) and is registered in its own `CollectorRegistry`; gpuscope's own
+that library's verb) and is registered in its own `CollectorRegistry` (made on first use:
+only OpenMetrics needs it, so this module does not import prometheus_client); gpuscope's own
 collectors are declared by a `CollectorSpec` (agent/runtime/spec.py). Nothing is kept
 between scrapes, so a GPU or pod that disappears stops being exported at once (module-level
 gauges would keep it forever).
@@ -15,10 +16,7 @@ import logging
 import platform
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-from prometheus_client.core import Metric
-from prometheus_client.registry import Collector
+from typing import TYPE_CHECKING, Any
 
 import gpuscope
 from gpuscope.agent.accelerators.records import AnyAccelerators
@@ -31,6 +29,9 @@ from gpuscope.exporters.prometheus.families import Families
 from gpuscope.exporters.prometheus.pod_bound import PodBound, per_pod_sources
 from gpuscope.exporters.prometheus.render import RenderContext, Renderer
 from gpuscope.exporters.scrape import ATTRIBUTION_STAGE, Scrape
+
+if TYPE_CHECKING:
+    from prometheus_client.core import Metric
 
 log = logging.getLogger("gpuscope.exporter")
 
@@ -57,7 +58,7 @@ class Exposition:
         return PodBound(self.max_pods_per_scrape, sources)
 
 
-class PrometheusExporter(Collector):
+class PrometheusExporter:
     def __init__(self, scrape: Callable[[], Scrape], exposition: Exposition) -> None:
         """`scrape`: what one scrape renders (the agent's sources and stages, collected)."""
         self._scrape = scrape

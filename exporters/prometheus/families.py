@@ -4,7 +4,8 @@
 with a thousand series per node that was two thirds of the scrape. Our label names come
 from the catalog and are valid by construction, so `render_text` writes the same bytes
 (a test compares the two on every golden file) doing only the work that depends on values.
-The OpenMetrics format is still produced by prometheus_client from `metrics()`.
+The OpenMetrics format is still produced by prometheus_client from `metrics()`, which alone
+imports it: an agent that is only scraped in the text format never loads prometheus_client.
 
 Every label value is valid UTF-8 text when it is added (`add`, `add_histogram`): sources
 already escape the bytes they read (agent/hostfs.py), and a value that still holds a lone
@@ -26,18 +27,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import cache
-
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
+from typing import TYPE_CHECKING
 
 from gpuscope.agent.hostfs import label_text
 from gpuscope.exporters.prometheus.catalog import Catalog
 from gpuscope.exporters.prometheus.detail import EVERYTHING, MetricSelection, Mode
 from gpuscope.exporters.prometheus.spec import MetricSpec
+
+if TYPE_CHECKING:  # prometheus_client is imported only for OpenMetrics (`metrics()`)
+    from prometheus_client.core import Metric
 
 Sample = tuple[tuple[str, ...], float]
 # A histogram sample: cumulative (le, count) pairs ending with +Inf, the sum, the count.
@@ -196,6 +194,14 @@ class Families:
 
 
 def _new_family(spec: MetricSpec, extra: tuple[str, ...] = ()) -> Metric:
+    # Here, not at the top: importing prometheus_client loads all of it (its HTTP servers
+    # included), and only OpenMetrics and the tests' `generate_latest` need these.
+    from prometheus_client.core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        HistogramMetricFamily,
+    )
+
     labels = [*spec.labels, *extra]
     if spec.kind == "histogram":
         return HistogramMetricFamily(spec.name, spec.help, labels=labels)

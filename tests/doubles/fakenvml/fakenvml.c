@@ -46,7 +46,9 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <poll.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -3081,9 +3083,67 @@ static const event_t *next_event(const state_t *s, const struct nvmlEventSet_st 
     return NULL;
 }
 
+/* An inotify descriptor on the state file's directory (the file is replaced by a rename),
+ * or -1: what an event wait blocks on between looks at the state. */
+static int watch_state_dir(void) {
+    char dir[sizeof g_path];
+    pthread_mutex_lock(&g_lock);
+    memcpy(dir, g_path, sizeof dir);
+    pthread_mutex_unlock(&g_lock);
+    char *slash = strrchr(dir, '/');
+    if (slash == NULL) {
+        dir[0] = '.';
+        dir[1] = '\0';
+    } else if (slash == dir) {
+        dir[1] = '\0';
+    } else {
+        *slash = '\0';
+    }
+    int fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+    if (fd < 0) return -1;
+    if (inotify_add_watch(fd, dir, IN_MOVED_TO | IN_CLOSE_WRITE | IN_ATTRIB | IN_CREATE) < 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Sleep until the state directory changes or `ms` pass (at most EVENT_BLOCK_MS at a time:
+ * an event set registered meanwhile by another thread writes no file). Without inotify,
+ * look again after 5 ms, as the fake always did. */
+enum { EVENT_BLOCK_MS = 250 };
+static void wait_for_state(int watch, int64_t ms) {
+    if (watch < 0) {
+        struct timespec ts = {0, (long)((ms < 5 ? ms : 5) * 1000000)};
+        nanosleep(&ts, NULL);
+        return;
+    }
+    struct pollfd pfd = {.fd = watch, .events = POLLIN, .revents = 0};
+    if (poll(&pfd, 1, (int)(ms < EVENT_BLOCK_MS ? ms : EVENT_BLOCK_MS)) > 0) {
+        char buf[4096];
+        while (read(watch, buf, sizeof buf) > 0) {
+        }
+    }
+}
+
+static nvmlReturn_t event_wait_on(nvmlEventSet_t set, nvmlEventData_t *data, unsigned timeoutms,
+                                  const char *fn, int watch);
+
+/* A real driver blocks in the kernel until an event or the timeout: this one blocks on the
+ * state file changing (events only come with a new state), so a waiting thread costs about
+ * what it costs on a driver, not a look at the state every 5 ms (issue #24: that polling was
+ * most of a GPU-only agent's CPU on the fake). */
 static nvmlReturn_t event_wait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned timeoutms,
                                const char *fn) {
     if (data == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    const int watch = timeoutms > 0 ? watch_state_dir() : -1;
+    nvmlReturn_t r = event_wait_on(set, data, timeoutms, fn, watch);
+    if (watch >= 0) close(watch);
+    return r;
+}
+
+static nvmlReturn_t event_wait_on(nvmlEventSet_t set, nvmlEventData_t *data, unsigned timeoutms,
+                                  const char *fn, int watch) {
     const int64_t deadline = monotonic_ms() + (int64_t)timeoutms;
     for (int polls = 0;; polls++) {
         ctx_t c;
@@ -3107,8 +3167,7 @@ static nvmlReturn_t event_wait(nvmlEventSet_t set, nvmlEventData_t *data, unsign
         (void)leave(NVML_SUCCESS);
         int64_t left = deadline - monotonic_ms();
         if (left <= 0) return NVML_ERROR_TIMEOUT;
-        struct timespec ts = {0, (long)((left < 5 ? left : 5) * 1000000)};
-        nanosleep(&ts, NULL);
+        wait_for_state(watch, left);
     }
 }
 

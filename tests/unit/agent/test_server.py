@@ -626,10 +626,14 @@ def test_at_the_cap_with_every_connection_answering_a_new_one_is_closed(
 def test_stop_closes_every_socket_and_thread(serve: Callable[..., MetricsServer]) -> None:
     before = threading.active_count()
     server = serve(workers=3)
-    assert threading.active_count() == before + 4  # the loop and three render threads
+    assert threading.active_count() == before + 1  # the loop; render threads come with renders
     clients = [Client(server) for _ in range(5)]
     clients[0].send(b"GET /healthz HTTP/1.1\r\n\r\n")
     clients[0].response()
+    for _ in range(3):  # one scraper at a time: one render thread, reused
+        clients[1].send(b"GET /metrics HTTP/1.1\r\n\r\n")
+        clients[1].response()
+    assert threading.active_count() == before + 2
     server.stop()
     assert all(client.closed_by_server() for client in clients)
     with pytest.raises(ConnectionRefusedError):
@@ -690,3 +694,13 @@ def test_lenient_request_forms_still_get_metrics(
     with Client(server) as sock:
         sock.send(request_bytes)
         assert sock.response()[:3:2] == (200, BODY)
+
+
+def test_the_text_format_is_served_with_prometheus_clients_content_type() -> None:
+    """The server names the text format's type itself, so that a text scrape never imports
+    prometheus_client (issue #24); it must stay what the pinned release names."""
+    from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+    from gpuscope.agent.serve.server import CONTENT_TYPE_TEXT
+
+    assert CONTENT_TYPE_TEXT == CONTENT_TYPE_LATEST

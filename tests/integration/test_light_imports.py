@@ -1,0 +1,127 @@
+"""A GPU-only agent imports what its collector needs, and nothing else (issue #24).
+
+Every module an agent imports is paid for at every start (start to first GPU series) and in
+every node's memory, so what a `--collectors gpu` agent loads is checked here: the real
+`gpuscope` entry point (`cli.main`) runs in a child process on the fake NVML until its first
+text-format /metrics holds a GPU series, and then lists `sys.modules`. The `labels` and
+`check` commands, the labels loop, the other collectors' sources, the Kubernetes and gRPC
+clients, bcc, the web configuration's TLS and auth, and prometheus_client (only OpenMetrics
+needs it) must not be among them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.doubles.fakenvml.control import FakeNvml
+from tests.support import free_port
+from tests.support.common import REPO
+
+# The child: the agent's own main(); a thread that waits for the first GPU series over a
+# plain socket (urllib would import http.client and email into the process it inspects),
+# notes sys.modules, and stops the agent as SIGTERM does.
+CHILD = r"""
+import json, os, signal, socket, sys, threading, time
+
+from gpuscope.agent.app import cli
+
+port = int(sys.argv[1])
+seen = []
+
+
+def first_gpu_series():
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+                s.sendall(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+                body = b""
+                while chunk := s.recv(65536):
+                    body += chunk
+            if b"\ngpuscope_gpu_" in body:
+                seen.extend(sorted(sys.modules))
+                break
+        except OSError:
+            pass
+        time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+threading.Thread(target=first_gpu_series, daemon=True).start()
+rc = cli.main(["--listen", f"127.0.0.1:{port}", "--collectors", "gpu", "--labels-mode", "none",
+               "--log-level", "warning"])
+print("MODULES", json.dumps(seen))
+sys.exit(rc)
+"""
+
+# Whole packages (and what is under them) a GPU-only agent has no use for.
+NOT_IMPORTED = (
+    "prometheus_client",  # the text format is written by exporters/prometheus/families.py
+    "gpuscope.agent.check",  # `gpuscope check` (the package itself holds only its summary)
+    "gpuscope.agent.labels.loop",
+    "gpuscope.exporters.labels",
+    "gpuscope.agent.net.source",
+    "gpuscope.agent.net.ebpf",
+    "gpuscope.agent.net.bpf_program",
+    "gpuscope.agent.net.nic",
+    "gpuscope.agent.net.rdma",
+    "gpuscope.agent.net.placement",
+    "gpuscope.agent.amd.source",
+    "gpuscope.agent.amd.library",
+    "gpuscope.agent.k8s.client",
+    "gpuscope.agent.k8s.listwatch",
+    "gpuscope.agent.k8s.kubelet_source",
+    "gpuscope.agent.k8s.pods_source",
+    "gpuscope.agent.k8s.dra_source",
+    "gpuscope.agent.k8s.podresources.client",
+    "amdsmi",
+    "bcc",
+    "lightkube",
+    "grpc",
+    "google.protobuf",
+    "yaml",
+    "bcrypt",
+    "hashlib",  # OpenSSL's hashes: bounded names and basic auth import them when they hash
+    "hmac",
+    "email",
+    "http.server",
+    "urllib.request",
+)
+# Allowed: the `check` package's __init__ (its one-line summary for `gpuscope --help`), and
+# the label validation that checks --label-prefix when the flags are parsed.
+ALLOWED = frozenset(
+    {"gpuscope.agent.check", "gpuscope.exporters.labels", "gpuscope.exporters.labels.validation"}
+)
+
+
+def _under(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_a_gpu_only_agent_imports_only_what_its_collector_needs(tmp_path: Path) -> None:
+    fake = FakeNvml("pcie-l40s", tmp_path / "state")
+    port = free_port()
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, str(port)],
+        cwd=REPO,
+        env={k: v for k, v in os.environ.items() if not k.startswith("GPUSCOPE_")} | fake.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("MODULES "))
+    modules = json.loads(line.removeprefix("MODULES "))
+    # What the agent did import: the GPU source and its bindings, the text renderer.
+    for needed in ("gpuscope.agent.gpu.source", "pynvml", "gpuscope.exporters.prometheus.gpu"):
+        assert needed in modules, f"{needed} not imported: did the agent serve GPU series?"
+    unwanted = sorted(
+        m
+        for m in modules
+        if m not in ALLOWED and any(_under(m, package) for package in NOT_IMPORTED)
+    )
+    assert unwanted == [], f"a GPU-only agent imported {unwanted}"
