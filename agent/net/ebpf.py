@@ -10,8 +10,6 @@ from dataclasses import dataclass
 from gpuscope.agent.bpf.layout import text
 from gpuscope.agent.bpf.maps import PinnedFamily
 from gpuscope.agent.net.bpf_program import MAP_INDEX
-from gpuscope.agent.net.probes import RETIRED_TRAFFIC
-from gpuscope.agent.net.records import RTT_SLOTS
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,22 +25,6 @@ class RawCounters:
 
     def cgroups(self) -> set[int]:
         return {k[0] for k in self.traffic} | set(self.tcp) | {k[0] for k in self.rtt}
-
-
-@dataclass(frozen=True, slots=True)
-class RetiredTotals:
-    """One pod's sums from cgroups that are gone, as the retired map keeps them."""
-
-    pod_uid: str
-    container_id: str
-    bytes: dict[tuple[str, str], int]  # (protocol, direction) -> bytes
-    calls: dict[tuple[str, str], int]
-    retransmits: int
-    opened: int
-    closed: int
-    rtt_sum_us: int
-    rtt_count: int
-    rtt_slots: tuple[int, ...]
 
 
 class NetMaps:
@@ -88,55 +70,27 @@ class NetMaps:
             if name in self.pinned
         }
 
-    def delete_cgroups(self, cgroups: Iterable[int]) -> None:
-        """Remove every entry of these cgroups (they no longer exist)."""
+    def delete_cgroups(self, raw: RawCounters, cgroups: Iterable[int]) -> None:
+        """Remove these cgroups' entries (they no longer exist): the keys `read` returned,
+        so nothing is read again."""
         gone = set(cgroups)
         if not gone:
             return
-        for name in ("traffic", "tcp", "rtt"):
-            if name not in self.pinned:
-                continue
-            table = self.pinned[name]
-            for key, _ in table.entries():
-                if int(key[0]) in gone:
-                    table.delete(key)  # False: raced with another deletion
+        for name, keys in (
+            ("traffic", [k for k in raw.traffic if k[0] in gone]),
+            ("tcp", [(k,) for k in raw.tcp if k in gone]),
+            ("rtt", [k for k in raw.rtt if k[0] in gone]),
+        ):
+            if name in self.pinned:
+                for key in keys:
+                    self.pinned[name].delete(key)  # False: raced with another deletion
 
-    def retired(self) -> list[RetiredTotals]:
-        out = []
-        for key, value in self.pinned["retired"].entries():
-            n = len(RETIRED_TRAFFIC)
-            values = [int(x) for x in value]
-            out.append(
-                RetiredTotals(
-                    pod_uid=text(key[0]),
-                    container_id=text(key[1]),
-                    bytes=dict(zip(RETIRED_TRAFFIC, values[:n], strict=True)),
-                    calls=dict(zip(RETIRED_TRAFFIC, values[n : 2 * n], strict=True)),
-                    retransmits=values[2 * n],
-                    opened=values[2 * n + 1],
-                    closed=values[2 * n + 2],
-                    rtt_sum_us=values[2 * n + 3],
-                    rtt_count=values[2 * n + 4],
-                    rtt_slots=tuple(values[2 * n + 5 : 2 * n + 5 + RTT_SLOTS]),
-                )
-            )
-        return out
+    def retired(self) -> dict[tuple[str, str], tuple[int, ...]]:
+        """The retired map: (pod uid, container id) -> a row in `probes.RETIRED`'s order."""
+        return {(text(k[0]), text(k[1])): v for k, v in self.pinned["retired"].entries()}
 
-    def put_retired(self, totals: RetiredTotals) -> None:
-        key = (totals.pod_uid.encode(), totals.container_id.encode())
-        self.pinned["retired"].put(
-            key,
-            (
-                *(totals.bytes.get(pd, 0) for pd in RETIRED_TRAFFIC),
-                *(totals.calls.get(pd, 0) for pd in RETIRED_TRAFFIC),
-                totals.retransmits,
-                totals.opened,
-                totals.closed,
-                totals.rtt_sum_us,
-                totals.rtt_count,
-                *totals.rtt_slots,
-            ),
-        )
+    def put_retired(self, key: tuple[str, str], row: tuple[int, ...]) -> None:
+        self.pinned["retired"].put((key[0].encode(), key[1].encode()), row)
 
     def delete_retired(self, pod_uid: str, container_id: str) -> None:
         self.pinned["retired"].delete((pod_uid.encode(), container_id.encode()))

@@ -22,8 +22,8 @@ from gpuscope.agent.bpf.session import open_family
 from gpuscope.agent.clock import Clock, SystemClock
 from gpuscope.agent.k8s.cgroups import CgroupResolver, detect_cgroup_v2_root
 from gpuscope.agent.net.bpf_program import MapLimits
-from gpuscope.agent.net.ebpf import NetMaps, RawCounters, RetiredTotals
-from gpuscope.agent.net.probes import NetFamily
+from gpuscope.agent.net.ebpf import NetMaps, RawCounters
+from gpuscope.agent.net.probes import RETIRED_TRAFFIC, NetFamily
 from gpuscope.agent.net.records import (
     DIRECTIONS,
     PROTOCOLS,
@@ -106,30 +106,28 @@ class _Totals:
         return out
 
     @classmethod
-    def restored(cls, saved: RetiredTotals) -> _Totals:
+    def from_row(cls, row: tuple[int, ...]) -> _Totals:
+        """Totals from a row of the retired map (`probes.RETIRED`'s field order)."""
+        n = len(RETIRED_TRAFFIC)
         out = cls()
-        # The retired map has a slot for every protocol and direction; a pod's record has
-        # only those it used.
-        used = [k for k in saved.bytes if saved.bytes[k] or saved.calls.get(k)]
-        out.bytes.update({k: saved.bytes[k] for k in used})
-        out.calls.update({k: saved.calls.get(k, 0) for k in used})
-        out.retransmits, out.opened, out.closed = saved.retransmits, saved.opened, saved.closed
-        out.rtt_sum_us, out.rtt_count = saved.rtt_sum_us, saved.rtt_count
-        out.rtt_slots = list(saved.rtt_slots) + [0] * (RTT_SLOTS - len(saved.rtt_slots))
+        for pair, nbytes, ncalls in zip(RETIRED_TRAFFIC, row[:n], row[n : 2 * n], strict=True):
+            if nbytes or ncalls:  # a pod's record has only the protocols it used
+                out.bytes[pair], out.calls[pair] = nbytes, ncalls
+        out.retransmits, out.opened, out.closed, out.rtt_sum_us, out.rtt_count = row[2 * n :][:5]
+        out.rtt_slots = list(row[2 * n + 5 :][:RTT_SLOTS])
         return out
 
-    def saved(self, key: Key) -> RetiredTotals:
-        return RetiredTotals(
-            pod_uid=key[0],
-            container_id=key[1],
-            bytes=dict(self.bytes),
-            calls=dict(self.calls),
-            retransmits=self.retransmits,
-            opened=self.opened,
-            closed=self.closed,
-            rtt_sum_us=self.rtt_sum_us,
-            rtt_count=self.rtt_count,
-            rtt_slots=tuple(self.rtt_slots),
+    def row(self) -> tuple[int, ...]:
+        """These totals as a row of the retired map."""
+        return (
+            *(self.bytes.get(pair, 0) for pair in RETIRED_TRAFFIC),
+            *(self.calls.get(pair, 0) for pair in RETIRED_TRAFFIC),
+            self.retransmits,
+            self.opened,
+            self.closed,
+            self.rtt_sum_us,
+            self.rtt_count,
+            *self.rtt_slots,
         )
 
     def record(self, key: Key) -> PodNetwork:
@@ -227,10 +225,9 @@ class NetSource:
             return {}
         present = resolver.pod_uids()
         out: dict[Key, _Totals] = {}
-        for totals in saved:
-            key = (totals.pod_uid, totals.container_id)
-            if key == HOST or totals.pod_uid in present:
-                out[key] = _Totals.restored(totals)
+        for key, row in saved.items():
+            if key == HOST or key[0] in present:
+                out[key] = _Totals.from_row(row)
             else:
                 probes.delete_retired(*key)
         return out
@@ -311,8 +308,8 @@ class NetSource:
         # Saved before the live entries go: a restart in between counts them twice at worst
         # for one scrape, never loses them.
         for key in changed:
-            self.probes.put_retired(self._retired[key].saved(key))
-        self.probes.delete_cgroups(expired)
+            self.probes.put_retired(key, self._retired[key].row())
+        self.probes.delete_cgroups(raw, expired)
         remaining = RawCounters(
             traffic={k: v for k, v in raw.traffic.items() if k[0] not in expired},
             tcp={k: v for k, v in raw.tcp.items() if k not in expired},
