@@ -111,6 +111,15 @@ class Channel:
         if not self._lock.acquire(timeout=timeout):
             raise RpcFailure(Code.DEADLINE_EXCEEDED, "waiting for another call")
         try:
+            answer = self._exchange(method, request, deadline)
+        finally:
+            self._lock.release()
+        # The stream ended cleanly: a status of the server's own (NOT_FOUND, UNIMPLEMENTED,
+        # ...) leaves the connection as good as an answer does.
+        return answer.result()
+
+    def _exchange(self, method: str, request: bytes, deadline: float) -> _Answer:
+        try:
             reused = self._sock is not None
             try:
                 return self._call(method, request, deadline)
@@ -124,10 +133,8 @@ class Channel:
                 self._drop()
                 raise RpcFailure(Code.UNAVAILABLE, str(exc)) from None
         except BaseException:
-            self._drop()  # whatever went wrong, the next call starts clean
+            self._drop()  # a broken or abandoned exchange: the next call starts clean
             raise
-        finally:
-            self._lock.release()
 
     def close(self) -> None:
         with self._lock:
@@ -162,7 +169,7 @@ class Channel:
         self._sock, self._conn = sock, conn
         return sock, conn
 
-    def _call(self, method: str, request: bytes, deadline: float) -> bytes:
+    def _call(self, method: str, request: bytes, deadline: float) -> _Answer:
         sock, conn = self._connect(deadline)
         stream = conn.get_next_available_stream_id()
         remaining = max(0.001, deadline - time.monotonic())
@@ -190,7 +197,7 @@ class Channel:
         except h2.exceptions.ProtocolError as exc:
             raise RpcFailure(Code.INTERNAL, f"HTTP/2 protocol error: {exc}") from None
         self._send(sock, conn, deadline)
-        return answer.result()
+        return answer
 
     @staticmethod
     def _send(sock: socket.socket, conn: h2.connection.H2Connection, deadline: float) -> None:

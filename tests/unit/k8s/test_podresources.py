@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +22,7 @@ from gpuscope.agent.k8s.podresources import (
     UnmatchedDevice,
     gpu_allocations,
     match_gpus,
+    wire,
 )
 from gpuscope.agent.k8s.podresources.v1 import api_pb2
 from gpuscope.agent.runtime.sources import SourceUnavailable, describe
@@ -332,6 +334,30 @@ def test_recovers_when_the_kubelet_restarted_between_calls(
     kubelet.restart()  # a new socket file: the old connection is gone
     kubelet.set_pods(pod("a", "q"))
     assert client.list() == (PodDevices("a", "q", ()),)
+
+
+def test_an_answer_with_an_error_status_keeps_the_connection(
+    kubelet: KubeletServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A "not found" or a refusal is the kubelet's answer on a healthy connection: the
+    next call uses the same connection rather than dialling again."""
+    dials: list[object] = []
+
+    class Counted(socket.socket):
+        def connect(self, address: object) -> None:
+            dials.append(address)
+            super().connect(address)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(wire.socket, "socket", Counted)
+    kubelet.set_pods(pod("a", "p"))
+    with PodResourcesClient(kubelet.socket_path) as client:
+        assert client.get("a", "missing") is None
+        kubelet.fail = (grpc.StatusCode.RESOURCE_EXHAUSTED, "rejected by rate limit")
+        with pytest.raises(PodResourcesUnavailable):
+            client.list()
+        kubelet.fail = None
+        assert client.list() == (PodDevices("a", "p", ()),)
+    assert len(dials) == 1
 
 
 def test_threads_share_one_client(kubelet: KubeletServer, client: PodResourcesClient) -> None:
