@@ -94,7 +94,6 @@ def main(argv: Sequence[str]) -> int:
 
 def _load(net: NetConfig) -> tuple[Loaded, HeaderTree]:
     from gpuscope.agent.bpf import host, loader, pins
-    from gpuscope.agent.k8s.cgroups import detect_cgroup_v2_root
     from gpuscope.agent.net.probes import plan_probes
     from gpuscope.agent.runtime.sources import SourceUnavailable
 
@@ -112,11 +111,7 @@ def _load(net: NetConfig) -> tuple[Loaded, HeaderTree]:
     if plan.traffic == "cgroup_skb":
         host.require_capabilities(net.procfs, attach_cgroup=True)
     headers = host.require_kernel_headers(net.modules_dir, net.fallback_headers)
-    root = net.cgroup_root or detect_cgroup_v2_root(net.sysfs / "fs" / "cgroup")
-    if root is None:
-        raise SourceUnavailable(
-            f"no cgroup v2 hierarchy under {net.sysfs / 'fs' / 'cgroup'} (nor unified/)"
-        )
+    root = net.cgroup_v2_root()
     loaded = loader.load(
         net.family(root), pin_root=net.pin_root, tracefs=tracefs, headers=headers, cgroup_root=root
     )

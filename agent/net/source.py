@@ -55,6 +55,15 @@ class NetConfig:
     pin_root: Path = DEFAULT_PIN_ROOT
     run_helper: bool = True  # no pins for this program: run `gpuscope bpf-load` as a child
 
+    def cgroup_v2_root(self) -> Path:
+        """--cgroup-root, or the v2 hierarchy detected under <sysfs>/fs/cgroup (or unified/)."""
+        found = self.cgroup_root or detect_cgroup_v2_root(self.sysfs / "fs" / "cgroup")
+        if found is None:
+            raise SourceUnavailable(
+                f"no cgroup v2 hierarchy under {self.sysfs / 'fs' / 'cgroup'} (nor unified/)"
+            )
+        return found
+
     def family(self, cgroup_root: Path) -> NetFamily:
         return NetFamily(self.traffic_mode, self.limits, cgroup_root)
 
@@ -186,11 +195,7 @@ class NetSource:
 
     def start(self) -> None:
         cfg = self.config
-        root = cfg.cgroup_root or detect_cgroup_v2_root(cfg.sysfs / "fs" / "cgroup")
-        if root is None:
-            raise SourceUnavailable(
-                f"no cgroup v2 hierarchy under {cfg.sysfs / 'fs' / 'cgroup'} (nor unified/)"
-            )
+        root = cfg.cgroup_v2_root()
         family = cfg.family(root)
         pinned = open_family(
             family,

@@ -90,3 +90,27 @@ def test_stale_pins_are_other_hashes_and_dead_helpers_builds(tmp_path: Path) -> 
         ("net-bbbb", "another program"),
         (f"building-net-eeee-{2**22 + 1}", "unfinished"),
     }
+
+
+def test_the_helper_the_agent_runs_loads_the_agents_own_probes(tmp_path: Path) -> None:
+    """NetConfig.helper_args writes flags that `gpuscope bpf-load` parses back with the
+    agent's parser (agent/app/bpf_load.py): the same program hash, the same pin root."""
+    from gpuscope.agent.app.config import parse
+    from gpuscope.agent.net.collector import NET, net_config
+    from gpuscope.agent.net.source import NetConfig
+
+    agent = NetConfig(
+        sysfs=tmp_path / "sys",
+        procfs=tmp_path / "proc",
+        traffic_mode="cgroup_skb",
+        limits=MapLimits(cgroups=100, sockets=2000),
+        modules_dir=tmp_path / "modules",
+        fallback_headers=tmp_path / "headers",
+        pin_root=tmp_path / "pins",
+    )
+    root = tmp_path / "cgroup"
+    parsed = parse(agent.helper_args(root), env={})
+    helper = net_config(parsed.agent, parsed.of(NET))
+    assert program_hash(helper.family(helper.cgroup_v2_root())) == program_hash(agent.family(root))
+    for field in ("sysfs", "procfs", "modules_dir", "fallback_headers", "pin_root"):
+        assert getattr(helper, field) == getattr(agent, field), field
