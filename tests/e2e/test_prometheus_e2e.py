@@ -376,6 +376,19 @@ def add_straggler(sim: SimNode) -> None:
     )  # fmt: skip
 
 
+def busy_training_node(sim: SimNode) -> None:
+    """What both vendors' proofs run: issue #4's training scenario, the slower second rank,
+    GPU 6 (alice and bob) allocated and idle, and steady traffic from the worker to the
+    evaluator and from the evaluator to alice's notebook."""
+    training_scenario(sim)
+    add_straggler(sim)
+    ns, name = NB_ALICE_POD.split("/")
+    sim.set_usage(ns, name, sm_util=0)
+    sim.wait_traffic()
+    sim.start_traffic(WORKER_POD, EVAL_POD, rate=4e6)
+    sim.start_traffic(EVAL_POD, NB_ALICE_POD, rate=1e6)
+
+
 def break_gpus(fake: FakeNvml) -> None:
     """The failure states present from the start, for the alerts that need them."""
     with fake.batch():
@@ -433,13 +446,7 @@ def gpu_node(
     sim = sim_node(SIM_NODE)  # on real time: the agent's sampler runs
     fake = sim.fake
     sysfs = write_tree(tmp_path / "sys")  # NICs and RDMA ports matching the dgx-h100 GPUs
-    training_scenario(sim)
-    add_straggler(sim)
-    ns, name = NB_ALICE_POD.split("/")
-    sim.set_usage(ns, name, sm_util=0)  # GPU 6 (alice and bob) allocated and idle
-    sim.wait_traffic()
-    sim.start_traffic(WORKER_POD, EVAL_POD, rate=4e6)
-    sim.start_traffic(EVAL_POD, NB_ALICE_POD, rate=1e6)
+    busy_training_node(sim)
     worker_port = sim.pods[WORKER_POD].port
     assert worker_port is not None
     with packet_loss(worker_port, one_in=4) as lossy:
@@ -500,13 +507,7 @@ def amd_node(
     sysfs = write_tree(tmp_path / "sys")  # NICs and RDMA ports, as on the NVIDIA node
     sim = sim_node(SIM_NODE, amd="mi300x", sysfs=sysfs)
     fake = sim.fake
-    training_scenario(sim)
-    add_straggler(sim)
-    ns, name = NB_ALICE_POD.split("/")
-    sim.set_usage(ns, name, sm_util=0)  # GPU 6 (alice and bob) allocated and idle
-    sim.wait_traffic()
-    sim.start_traffic(WORKER_POD, EVAL_POD, rate=4e6)
-    sim.start_traffic(EVAL_POD, NB_ALICE_POD, rate=1e6)
+    busy_training_node(sim)
     sim.start_traffic(STRAGGLER_POD, WORKER_POD, rate=1e5)
     with sim.batch():
         for gpu in range(4):  # the training job's all-reduce over XGMI

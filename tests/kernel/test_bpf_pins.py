@@ -26,7 +26,7 @@ from gpuscope.agent.net.source import NetConfig, NetSource
 from gpuscope.agent.runtime.sources import SourceUnavailable
 from tests.doubles.netlab import Pod, Pods, finish, wait_ready
 from tests.support import REPO
-from tests.support.bpf import pin_root, remove_pins
+from tests.support.bpf import fresh_pin_root
 from tests.support.promtext import Exposition
 
 pytestmark = [
@@ -40,10 +40,8 @@ GRACE = 30.0
 
 @pytest.fixture
 def pins() -> Iterator[Path]:
-    root = pin_root("lifecycle")
-    remove_pins(root)
-    yield root
-    remove_pins(root)
+    with fresh_pin_root("lifecycle") as root:
+        yield root
 
 
 @pytest.fixture

@@ -48,7 +48,7 @@ from packaging.requirements import Requirement
 
 from tests.doubles.fakenvml.control import LIB_PATH, FakeNvml
 from tests.support import REPO
-from tests.support.bpf import pin_root, remove_pins
+from tests.support.bpf import fresh_pin_root
 from tests.support.manifests import capabilities, render
 from tests.support.promtext import Exposition
 
@@ -371,10 +371,8 @@ def run_agent(
 
 @pytest.fixture
 def pins() -> Iterator[Path]:
-    root = pin_root("least-privilege")
-    remove_pins(root)
-    yield root
-    remove_pins(root)
+    with fresh_pin_root("least-privilege") as root:
+        yield root
 
 
 def test_manifest_lists_only_what_each_container_needs() -> None:

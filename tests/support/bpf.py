@@ -4,8 +4,10 @@ the pins of an agent running outside the tests (/sys/fs/bpf/gpuscope)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 BPFFS = Path("/sys/fs/bpf")
@@ -20,6 +22,17 @@ def pin_root(name: str) -> Path:
 def remove_pins(root: Path) -> None:
     """Unpin everything under `root`: the programs detach and their maps go."""
     shutil.rmtree(root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def fresh_pin_root(name: str) -> Iterator[Path]:
+    """`pin_root(name)`, empty on entry and removed on exit (for a test's fixture)."""
+    root = pin_root(name)
+    remove_pins(root)
+    try:
+        yield root
+    finally:
+        remove_pins(root)
 
 
 def remove_session_pins() -> None:
