@@ -66,10 +66,6 @@ class Layout:
     def size(self) -> int:
         return self._format[1]
 
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(name for name, _ in self.fields)
-
     def decode(self, data: bytes) -> tuple[int | bytes, ...]:
         return struct.unpack(self.format, data)
 

@@ -77,10 +77,6 @@ class PinnedMap:
                 out.append((key_layout.decode(raw_key), self._value(raw_value)))
         return out
 
-    def get(self, key: Iterable[Any]) -> tuple[Any, ...] | None:
-        raw = syscall.lookup(self.fd, self.spec.key.encode(key), self.value_bytes)
-        return None if raw is None else self._value(raw)
-
     def put(self, key: Iterable[Any], value: Iterable[Any]) -> None:
         """Write a value (a map only user space writes: per-CPU maps are not written)."""
         assert not self.info.percpu
