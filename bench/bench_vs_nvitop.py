@@ -10,6 +10,10 @@ pattern), each sampling every second, its default:
   * nvitop-exporter 1.7.2 (nvitop 1.7.2 and its dependencies, from PyPI, in its own venv
     under build/, installed on first use with this machine's pip configuration).
 
+Before measuring, both are byte-compiled as an installation leaves them (`as_installed`):
+.pyc files for both, and gpuscope's cache of compiled dataclass methods, which its image
+writes at build (agent/codecache.py).
+
 Measured, per run:
 
   * start: process spawn to the first /metrics answer that holds a GPU series (gpuscope:
@@ -55,6 +59,7 @@ NVITOP_VENV = REPO / "build" / f"venv-nvitop-exporter-{NVITOP_VERSION}"
 NVITOP_BIN = NVITOP_VENV / "bin" / "nvitop-exporter"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 QUICK_PROFILES = ("pcie-l40s", "dgx-h100", "dgx-h100-mig")
+PACKAGE_DIRS = ("agent", "exporters", "gpuscope")
 
 
 def ensure_nvitop() -> Path:
@@ -92,6 +97,30 @@ def installed_versions() -> str:
     wanted = ("nvitop", "nvitop-exporter", "nvidia-ml-py", "psutil", "prometheus_client")
     rows = [line.split() for line in out.splitlines()[2:] if line.split()]
     return ", ".join(f"{r[0]} {r[1]}" for r in rows if r[0] in wanted)
+
+
+def as_installed(nvitop_bin: Path) -> None:
+    """Both byte-compiled as an installation leaves them. pip writes .pyc files for what it
+    installs, and the image also writes gpuscope's cache of compiled dataclass methods
+    (agent/codecache.py). A checkout run under PYTHONDONTWRITEBYTECODE (this VM and CI set
+    it) would otherwise compile every module edited since its .pyc was last written, at
+    every start. `compileall` writes .pyc files whatever that variable says."""
+    compile_all = [sys.executable, "-m", "compileall", "-q"]
+    subprocess.run([*compile_all, *(str(REPO / d) for d in PACKAGE_DIRS)], check=True)
+    warm = "from gpuscope.agent import codecache; codecache.warm()"
+    subprocess.run([sys.executable, "-c", warm], cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+    python = nvitop_bin.parent / "python"
+    site = subprocess.run(
+        [
+            str(python),
+            "-c",
+            "import nvitop, os; print(os.path.dirname(os.path.dirname(nvitop.__file__)))",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    subprocess.run([str(python), "-m", "compileall", "-q", site], check=True)
 
 
 def free_port() -> int:
@@ -312,7 +341,9 @@ def main() -> int:
         args.profiles = args.profiles or ",".join(QUICK_PROFILES)
     profiles = args.profiles.split(",") if args.profiles else list_profiles()
     ensure_built()
-    nvitop = nvitop_exporter(ensure_nvitop())
+    nvitop_bin = ensure_nvitop()
+    as_installed(nvitop_bin)
+    nvitop = nvitop_exporter(nvitop_bin)
     exporters = [gpuscope_exporter(), nvitop]
     print(f"gpuscope GPU-only vs nvitop-exporter ({installed_versions()})")
     print(f"machine: {machine()}")
@@ -323,7 +354,7 @@ def main() -> int:
     )
     with tempfile.TemporaryDirectory(prefix="bench-nvitop-") as tmp_name:
         tmp = Path(tmp_name)
-        # One discarded start of each: byte-compiled caches and the page cache warm.
+        # One discarded start of each: the page cache warm.
         with started(exporters, os.environ | FakeNvml("pcie-l40s", tmp / "w").env(), tmp / "w"):
             pass
         for profile in profiles:

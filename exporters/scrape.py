@@ -5,10 +5,12 @@ exporter: the exporters define what they are handed."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from gpuscope.agent.attribution.records import Attribution
-from gpuscope.agent.runtime.self_stats import ProcessStats
-from gpuscope.agent.runtime.sources import Collection, SourceResult
+if TYPE_CHECKING:
+    from gpuscope.agent.attribution.records import Attribution
+    from gpuscope.agent.runtime.self_stats import ProcessStats
+    from gpuscope.agent.runtime.sources import Collection, SourceResult
 
 ATTRIBUTION_STAGE = "attribution"  # its status is exported as collector="attribution"
 

@@ -6,3 +6,9 @@ The one import name the distribution installs. In a checkout, `gpuscope/agent` a
 """
 
 __version__ = "0.1.0"
+
+# Before any dataclass is created: their compiled methods are kept between runs
+# (agent/codecache.py). It imports nothing of the agent but the package.
+from gpuscope.agent import codecache as _codecache
+
+_codecache.install()

@@ -45,6 +45,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "gpuscope.agent",
             "gpuscope.agent.bounded",
             "gpuscope.agent.clock",
+            "gpuscope.agent.codecache",
             "gpuscope.agent.hostfs",
             "gpuscope.agent.logs",
             "gpuscope.agent.name_patterns",

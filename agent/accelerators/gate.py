@@ -35,10 +35,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
-from gpuscope.agent.accelerators.records import DeviceIdentity
-from gpuscope.agent.clock import Clock
+if TYPE_CHECKING:
+    from gpuscope.agent.accelerators.records import DeviceIdentity
+    from gpuscope.agent.clock import Clock
 
 log = logging.getLogger("gpuscope.gpu")
 

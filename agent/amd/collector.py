@@ -7,12 +7,15 @@ the source reports itself absent in one line, as the `gpu` collector does withou
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from gpuscope.agent.amd.records import AmdGpus
 from gpuscope.agent.runtime.accelerators import ACCELERATOR
 from gpuscope.agent.runtime.options import flag, number
-from gpuscope.agent.runtime.sources import Source
 from gpuscope.agent.runtime.spec import BuildContext, CollectorSpec
+
+if TYPE_CHECKING:
+    from gpuscope.agent.amd.records import AmdGpus
+    from gpuscope.agent.runtime.sources import Source
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,9 +56,9 @@ AMD: CollectorSpec[AmdGpus, AmdOptions] = CollectorSpec(
     name="amd",
     summary="AMD Instinct GPUs through AMD SMI (amdsmi): utilization, memory, power, energy, "
     "clocks, PCIe, XGMI, ECC, retired pages, events, compute partitions, GPU processes.",
-    records=AmdGpus,
     options=AmdOptions,
     build=_build,
     renderer="gpuscope.exporters.prometheus.amd:RENDERER",
+    metrics="gpuscope.exporters.prometheus.catalog_amd:AMD_METRICS",
     role=ACCELERATOR,
 )

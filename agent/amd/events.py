@@ -20,10 +20,12 @@ import threading
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpuscope.agent.amd.device import Device
 from gpuscope.agent.amd.library import AmdSmi, status_name
+
+if TYPE_CHECKING:
+    from gpuscope.agent.amd.device import Device
 
 log = logging.getLogger("gpuscope.amd.events")
 

@@ -12,11 +12,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gpuscope.agent.accelerators.records import DeviceProcess
-from gpuscope.agent.amd.device import Device
 from gpuscope.agent.amd.library import NO_PERM, UNAVAILABLE, AmdSmi, AmdSmiCallError, number
-from gpuscope.agent.clock import Clock
+
+if TYPE_CHECKING:
+    from gpuscope.agent.amd.device import Device
+    from gpuscope.agent.clock import Clock
 
 MIN_INTERVAL = 1.0  # seconds between two process-list calls to one processor
 

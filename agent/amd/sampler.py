@@ -20,12 +20,14 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuscope.agent.accelerators.gate import Blocked, GpuGates, Job
 from gpuscope.agent.amd.device import Device, Integrals
 from gpuscope.agent.amd.library import UNAVAILABLE, AmdSmi, AmdSmiCallError, number
-from gpuscope.agent.clock import Clock
+
+if TYPE_CHECKING:
+    from gpuscope.agent.clock import Clock
 
 log = logging.getLogger("gpuscope.amd.sampler")
 

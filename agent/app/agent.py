@@ -11,10 +11,8 @@ import threading
 from functools import cached_property, partial
 from typing import TYPE_CHECKING, Any
 
-from gpuscope.agent.app.config import Config
 from gpuscope.agent.app.exposition import exposition_of
 from gpuscope.agent.app.registry import BY_NAME, accelerators
-from gpuscope.agent.attribution.records import Attribution
 from gpuscope.agent.attribution.stage import Attributor
 from gpuscope.agent.clock import Clock, SystemClock
 from gpuscope.agent.k8s.pod_cgroup_usage import CgroupRoots, PodCgroupReader
@@ -35,6 +33,9 @@ from gpuscope.exporters.scrape import ATTRIBUTION_STAGE, Scrape
 
 if TYPE_CHECKING:
     from prometheus_client.registry import CollectorRegistry
+
+    from gpuscope.agent.app.config import Config
+    from gpuscope.agent.attribution.records import Attribution
 
 log = logging.getLogger("gpuscope")
 

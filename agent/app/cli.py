@@ -18,10 +18,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from gpuscope.agent import check as first_contact
-from gpuscope.agent import logs
+from gpuscope.agent import codecache, logs
 from gpuscope.agent.app import bpf_load
 from gpuscope.agent.app.agent import Agent
-from gpuscope.agent.app.config import Config, ConfigError, parse
+from gpuscope.agent.app.config import Config, ConfigError, from_parsed
 from gpuscope.agent.app.config import build_parser as agent_parser
 from gpuscope.agent.app.registry import accelerators
 from gpuscope.agent.labels import cli as labels_cli
@@ -65,13 +65,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return check_main(args[1:])
     # --help, --version and unknown flags end here (argparse: exit 0 or 2).
-    command = build_parser().parse_args(args).command
+    parsed = vars(build_parser().parse_args(args))
+    command = parsed.pop("command")
     if command is not None:
         # Flags before a command are the agent's; the command would silently ignore them.
         print(f"gpuscope: the command comes first: gpuscope {command} [FLAGS]", file=sys.stderr)
         return EXIT_USAGE
     try:
-        config = parse(args)
+        config = from_parsed(parsed)
     except ConfigError as exc:
         print(f"gpuscope: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -128,6 +129,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     labels = None
     try:
         agent.start()
+        # The start's imports are done: keep the dataclass methods they compiled for the
+        # next start and free the cache (agent/codecache.py).
+        codecache.release()
         labels = start_labels(config, agent)
         stop.wait()
     finally:

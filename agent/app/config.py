@@ -15,15 +15,17 @@ import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from gpuscope.agent.app.registry import BY_NAME, COLLECTORS, DEFAULT_COLLECTORS
 from gpuscope.agent.attribution.options import AttributionOptions
 from gpuscope.agent.labels.options import LabelsOptions
 from gpuscope.agent.name_patterns import pattern_problem
 from gpuscope.agent.runtime.options import ConfigError, Flag, flag, flags_of, names, number, one_of
-from gpuscope.agent.runtime.spec import CollectorSpec
 from gpuscope.agent.serve.web_config import WebConfig, load_web_config
+
+if TYPE_CHECKING:
+    from gpuscope.agent.runtime.spec import CollectorSpec
 
 __all__ = ["AgentOptions", "Config", "ConfigError", "all_flags", "build_parser", "parse"]
 
@@ -250,8 +252,13 @@ def _version() -> str:
 
 def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> Config:
     """Parse flags over environment variables over defaults; raise ConfigError on bad values."""
+    return from_parsed(vars(build_parser().parse_args(argv)), env)
+
+
+def from_parsed(args: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Config:
+    """`parse` for flags that a parser built on `build_parser` has already parsed (the
+    command line's, which adds the commands): the parser is built once per start."""
     env = os.environ if env is None else env
-    args = vars(build_parser().parse_args(argv))
     groups = {
         owner: cls(**{f.attr: f.value(args[f.attr], env) for f in flags_of(cls, owner)})
         for owner, cls, _title in _GROUPS

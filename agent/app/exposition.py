@@ -9,22 +9,24 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpuscope.agent.app.config import Config
 from gpuscope.agent.app.registry import BY_NAME, COLLECTORS, accelerators
 from gpuscope.agent.gpu.collector import GPU
 from gpuscope.exporters.prometheus.catalog import Catalog
 from gpuscope.exporters.prometheus.detail import MetricSelection
 from gpuscope.exporters.prometheus.exporter import Exposition
-from gpuscope.exporters.prometheus.render import Renderer, renderer_of
+from gpuscope.exporters.prometheus.render import Renderer, metrics_of, renderer_of
+
+if TYPE_CHECKING:
+    from gpuscope.agent.app.config import Config
 
 
 @cache
 def catalog() -> Catalog:
     """Every metric gpuscope may export: the agent's, every collector's in registry order
     (enabled or not: the contract does not change with the flags), the attribution stage's."""
-    return Catalog.assemble(r.metrics for c in COLLECTORS if (r := renderer_of(c)) is not None)
+    return Catalog.assemble(m for c in COLLECTORS if (m := metrics_of(c)) is not None)
 
 
 def selection_of(config: Config) -> MetricSelection:

@@ -13,17 +13,14 @@ from pathlib import Path
 from gpuscope.agent.app.exposition import catalog
 from gpuscope.agent.app.registry import COLLECTORS
 from gpuscope.exporters.prometheus.docs import CollectorDoc, render_markdown
-from gpuscope.exporters.prometheus.render import renderer_of
+from gpuscope.exporters.prometheus.render import metrics_of
 
 DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 
 
 def markdown() -> str:
     """docs/metrics.md as the code has it now."""
-    collectors = [
-        CollectorDoc(c.name, c.summary, r.metrics if (r := renderer_of(c)) is not None else None)
-        for c in COLLECTORS
-    ]
+    collectors = [CollectorDoc(c.name, c.summary, metrics_of(c)) for c in COLLECTORS]
     return render_markdown(catalog(), collectors)
 
 

@@ -8,16 +8,18 @@ declaration, a renderer in exporters/prometheus/, and one line here (docs/archit
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpuscope.agent.accelerators.records import AnyAccelerators
 from gpuscope.agent.amd.collector import AMD
 from gpuscope.agent.gpu.collector import GPU
 from gpuscope.agent.k8s.collector import KUBELET, PODS
 from gpuscope.agent.k8s.dra_collector import DRA
 from gpuscope.agent.net.collector import NET, NIC, RDMA
 from gpuscope.agent.runtime.accelerators import ACCELERATOR
-from gpuscope.agent.runtime.spec import CollectorSpec
+
+if TYPE_CHECKING:
+    from gpuscope.agent.accelerators.records import AnyAccelerators
+    from gpuscope.agent.runtime.spec import CollectorSpec
 
 COLLECTORS: tuple[CollectorSpec[Any, Any], ...] = (GPU, AMD, NET, NIC, RDMA, KUBELET, PODS, DRA)
 

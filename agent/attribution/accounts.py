@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
-from gpuscope.agent.accelerators.records import AnyAccelerators, AnyReading
 from gpuscope.agent.attribution import mig
 from gpuscope.agent.attribution.activity import ActivityInput, LowActivityAccountant
 from gpuscope.agent.attribution.devices import ACCELERATORS, devices
@@ -24,8 +24,11 @@ from gpuscope.agent.attribution.idle import GpuIdleInput, IdleAccountant, Judge
 from gpuscope.agent.attribution.records import GpuHolding, GpuStatus, MigStatus, PodGpuUsage
 from gpuscope.agent.attribution.spec import StageContext, StageSpec
 from gpuscope.agent.attribution.state import Joined, WorkloadsKept
-from gpuscope.agent.clock import Clock
-from gpuscope.agent.runtime.sources import Collection, Keyed
+
+if TYPE_CHECKING:
+    from gpuscope.agent.accelerators.records import AnyAccelerators, AnyReading
+    from gpuscope.agent.clock import Clock
+    from gpuscope.agent.runtime.sources import Collection, Keyed
 
 
 class Accounts:

@@ -22,11 +22,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gpuscope.agent.attribution.cause import UNKNOWN
 from gpuscope.agent.attribution.idle import Judge, WorkloadCounters, by_workload, idle_key
-from gpuscope.agent.attribution.records import CauseKey, GpuHolding, IdleKey
 from gpuscope.agent.attribution.retention import DEFAULT_GRACE, DEFAULT_MAX_WORKLOADS
+
+if TYPE_CHECKING:
+    from gpuscope.agent.attribution.records import CauseKey, GpuHolding, IdleKey
 
 DEFAULT_BUSY_THRESHOLD = 0.5
 DEFAULT_SM_THRESHOLD = 0.1

@@ -35,10 +35,12 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from gpuscope.agent.attribution.records import CauseKey, IdleKey
-from gpuscope.agent.k8s.pod_cgroup_usage import PodCgroupUsage, Pressure
-from gpuscope.agent.net.records import NetSnapshot
+if TYPE_CHECKING:
+    from gpuscope.agent.attribution.records import CauseKey, IdleKey
+    from gpuscope.agent.k8s.pod_cgroup_usage import PodCgroupUsage, Pressure
+    from gpuscope.agent.net.records import NetSnapshot
 
 INPUT_IO, CPU, MEMORY, NETWORK, NONE, UNKNOWN = (
     "input_io",

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuscope.agent.accelerators.records import AcceleratorSnapshot, AnyAccelerators, AnyReading
-from gpuscope.agent.runtime.sources import Collection, Keyed
+
+if TYPE_CHECKING:
+    from gpuscope.agent.runtime.sources import Collection, Keyed
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,10 +24,12 @@ class Role:
     collector of a role; in `devices`, a collector found by the type of its records."""
 
     name: str
-    records: type[Any]
+
+    def typed(self, records: Any) -> Any:
+        return records
 
 
-ACCELERATORS = Role("accelerators", AcceleratorSnapshot)
+ACCELERATORS = Role("accelerators")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +47,7 @@ def devices(
     device records at all, which is not the same as a node without devices)."""
     if keys is None:
         keys = [
-            Role(name, AcceleratorSnapshot)
+            Role(name)
             for name, result in collection.results.items()
             if isinstance(result.records, AcceleratorSnapshot)
         ]

@@ -25,13 +25,16 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
-from gpuscope.agent.accelerators.records import AnyReading
 from gpuscope.agent.attribution.records import GpuHolding, PodEnergy, PodGpuUsage, PodRef
 from gpuscope.agent.attribution.spec import StageContext, StageSpec
 from gpuscope.agent.attribution.state import Joined, pod_ref
-from gpuscope.agent.k8s.records import PodMeta
-from gpuscope.agent.runtime.sources import Collection
+
+if TYPE_CHECKING:
+    from gpuscope.agent.accelerators.records import AnyReading
+    from gpuscope.agent.k8s.records import PodMeta
+    from gpuscope.agent.runtime.sources import Collection
 
 PodKey = tuple[str, str]  # namespace, pod
 

@@ -13,19 +13,22 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
-from gpuscope.agent.accelerators.records import AnyAccelerators
 from gpuscope.agent.attribution.devices import ACCELERATORS, Devices, devices
 from gpuscope.agent.attribution.records import GpuHolding
 from gpuscope.agent.attribution.spec import StageContext, StageSpec
 from gpuscope.agent.attribution.state import NO_WORKLOAD, Joined
 from gpuscope.agent.k8s.collector import KUBELET
 from gpuscope.agent.k8s.dra_collector import DRA
-from gpuscope.agent.k8s.dra_records import DraSnapshot
 from gpuscope.agent.k8s.podresources.gpus import match_gpus
-from gpuscope.agent.k8s.podresources.records import KubeletSnapshot
-from gpuscope.agent.k8s.records import PodMeta
-from gpuscope.agent.runtime.sources import Collection, Keyed
+
+if TYPE_CHECKING:
+    from gpuscope.agent.accelerators.records import AnyAccelerators
+    from gpuscope.agent.k8s.dra_records import DraSnapshot
+    from gpuscope.agent.k8s.podresources.records import KubeletSnapshot
+    from gpuscope.agent.k8s.records import PodMeta
+    from gpuscope.agent.runtime.sources import Collection, Keyed
 
 log = logging.getLogger("gpuscope.attribution")
 

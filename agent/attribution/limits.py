@@ -7,11 +7,14 @@ evaluation (agent/attribution/retention.py says what is left out and why).
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from gpuscope.agent.attribution.records import WORKLOAD_LIMIT
 from gpuscope.agent.attribution.spec import StageContext, StageSpec
-from gpuscope.agent.attribution.state import Joined, WorkloadsKept
-from gpuscope.agent.runtime.sources import Collection
+
+if TYPE_CHECKING:
+    from gpuscope.agent.attribution.state import Joined, WorkloadsKept
+    from gpuscope.agent.runtime.sources import Collection
 
 log = logging.getLogger("gpuscope.attribution")
 

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from gpuscope.agent.accelerators.records import Partition
+if TYPE_CHECKING:
+    from gpuscope.agent.accelerators.records import Partition
 
 
 @dataclass(slots=True)

@@ -9,13 +9,16 @@ list changes, not on every scrape, and each is shared by the scrapes in between.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from gpuscope.agent.attribution.records import PodName
 from gpuscope.agent.attribution.spec import StageContext, StageSpec
-from gpuscope.agent.attribution.state import Joined
 from gpuscope.agent.k8s.collector import PODS
-from gpuscope.agent.k8s.records import PodMeta
-from gpuscope.agent.runtime.sources import Collection
+
+if TYPE_CHECKING:
+    from gpuscope.agent.attribution.state import Joined
+    from gpuscope.agent.k8s.records import PodMeta
+    from gpuscope.agent.runtime.sources import Collection
 
 
 class PodNames:

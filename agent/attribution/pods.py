@@ -5,10 +5,14 @@ not named is left out: its series carry only its UID.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from gpuscope.agent.attribution.spec import Stage, StageContext, StageSpec
 from gpuscope.agent.attribution.state import Joined, pod_ref
 from gpuscope.agent.net.collector import NET
-from gpuscope.agent.runtime.sources import Collection
+
+if TYPE_CHECKING:
+    from gpuscope.agent.runtime.sources import Collection
 
 
 def named_pods(collection: Collection, state: Joined) -> None:

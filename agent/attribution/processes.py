@@ -16,9 +16,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from gpuscope.agent.hostfs import HostFs, Reason
 from gpuscope.agent.k8s.cgroups import PodCgroup, parse_proc_cgroup
+
+if TYPE_CHECKING:
+    from gpuscope.agent.hostfs import HostFs, Reason
 
 HOST_PROCESS = PodCgroup(pod_uid="", container_id=None, qos="burstable", runtime=None)
 # Far above what the kernel writes (a line per v1 hierarchy, each path under PATH_MAX).

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from gpuscope.agent.hostfs import Reason
-from gpuscope.agent.k8s.pod_cgroup_usage import PodCgroupUsage
-from gpuscope.agent.k8s.workloads import Workload
-from gpuscope.agent.runtime.sources import Collection
+if TYPE_CHECKING:
+    from gpuscope.agent.hostfs import Reason
+    from gpuscope.agent.k8s.pod_cgroup_usage import PodCgroupUsage
+    from gpuscope.agent.k8s.workloads import Workload
+    from gpuscope.agent.runtime.sources import Collection
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,8 +29,10 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from gpuscope.agent.attribution.records import IdleKey
+if TYPE_CHECKING:
+    from gpuscope.agent.attribution.records import IdleKey
 
 DEFAULT_GRACE = 300.0  # seconds: see the module docstring
 # Workloads holding GPUs at once on one node are at most GPUs x shares: 8 GPUs of 7 MIG

@@ -12,16 +12,19 @@ holders' rates as they were. A reader failure costs the signals only (counted as
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from gpuscope.agent.attribution.cause import Rates, SignalRates, idle_cause
 from gpuscope.agent.attribution.records import GpuHolding, PodRef, PodSignals
 from gpuscope.agent.attribution.spec import StageContext, StageSpec
 from gpuscope.agent.attribution.state import NO_WORKLOAD, Joined, pod_ref
-from gpuscope.agent.clock import Clock
-from gpuscope.agent.hostfs import HostFs
-from gpuscope.agent.k8s.pod_cgroup_usage import PodCgroupReader, PodCgroupUsage
 from gpuscope.agent.net.collector import NET
 from gpuscope.agent.runtime.sources import Collection, describe
+
+if TYPE_CHECKING:
+    from gpuscope.agent.clock import Clock
+    from gpuscope.agent.hostfs import HostFs
+    from gpuscope.agent.k8s.pod_cgroup_usage import PodCgroupReader, PodCgroupUsage
 
 
 class Signals:

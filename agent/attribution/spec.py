@@ -13,16 +13,17 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from gpuscope.agent.accelerators.records import AnyAccelerators
-from gpuscope.agent.attribution.idle import IdleAccountant
-from gpuscope.agent.attribution.options import AttributionOptions
-from gpuscope.agent.attribution.state import Joined
-from gpuscope.agent.clock import Clock
-from gpuscope.agent.hostfs import HostFs
-from gpuscope.agent.k8s.pod_cgroup_usage import PodCgroupReader
-from gpuscope.agent.runtime.sources import Collection, Keyed
+if TYPE_CHECKING:
+    from gpuscope.agent.accelerators.records import AnyAccelerators
+    from gpuscope.agent.attribution.idle import IdleAccountant
+    from gpuscope.agent.attribution.options import AttributionOptions
+    from gpuscope.agent.attribution.state import Joined
+    from gpuscope.agent.clock import Clock
+    from gpuscope.agent.hostfs import HostFs
+    from gpuscope.agent.k8s.pod_cgroup_usage import PodCgroupReader
+    from gpuscope.agent.runtime.sources import Collection, Keyed
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,9 +15,8 @@ import logging
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from gpuscope.agent.accelerators.records import AnyAccelerators
-from gpuscope.agent.attribution.idle import IdleAccountant
 from gpuscope.agent.attribution.options import AttributionOptions
 from gpuscope.agent.attribution.records import Attribution
 from gpuscope.agent.attribution.spec import Stage, StageContext
@@ -25,9 +24,13 @@ from gpuscope.agent.attribution.stages import STAGES
 from gpuscope.agent.attribution.state import Joined
 from gpuscope.agent.clock import Clock, SystemClock
 from gpuscope.agent.hostfs import HostFs, Reason
-from gpuscope.agent.k8s.pod_cgroup_usage import PodCgroupReader
 from gpuscope.agent.k8s.podresources.gpus import DEFAULT_GPU_RESOURCES
-from gpuscope.agent.runtime.sources import Collection, Keyed
+
+if TYPE_CHECKING:
+    from gpuscope.agent.accelerators.records import AnyAccelerators
+    from gpuscope.agent.attribution.idle import IdleAccountant
+    from gpuscope.agent.k8s.pod_cgroup_usage import PodCgroupReader
+    from gpuscope.agent.runtime.sources import Collection, Keyed
 
 log = logging.getLogger("gpuscope.attribution")
 

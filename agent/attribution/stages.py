@@ -11,6 +11,8 @@ holders' signals); `accounts` before `limits` (the counters decide what was left
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from gpuscope.agent.attribution.accounts import ACCOUNTS
 from gpuscope.agent.attribution.energy import ENERGY
 from gpuscope.agent.attribution.holdings import HOLDINGS
@@ -18,9 +20,11 @@ from gpuscope.agent.attribution.limits import LIMITS
 from gpuscope.agent.attribution.names import NAMES
 from gpuscope.agent.attribution.pods import PODS_NAMED
 from gpuscope.agent.attribution.signals import SIGNALS
-from gpuscope.agent.attribution.spec import StageSpec
 from gpuscope.agent.attribution.startup import STARTUPS
 from gpuscope.agent.attribution.usage import USAGE
+
+if TYPE_CHECKING:
+    from gpuscope.agent.attribution.spec import StageSpec
 
 STAGES: tuple[StageSpec, ...] = (
     NAMES,

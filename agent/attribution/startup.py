@@ -21,15 +21,18 @@ while the pod is in the pods list and forgotten when it leaves.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from typing import TYPE_CHECKING
 
-from gpuscope.agent.accelerators.records import AnyAccelerators
 from gpuscope.agent.attribution.devices import ACCELERATORS, devices
 from gpuscope.agent.attribution.records import PodStartup
 from gpuscope.agent.attribution.spec import StageContext, StageSpec
 from gpuscope.agent.attribution.state import Joined, pod_ref
-from gpuscope.agent.clock import Clock
-from gpuscope.agent.k8s.records import PodMeta
-from gpuscope.agent.runtime import sources
+
+if TYPE_CHECKING:
+    from gpuscope.agent.accelerators.records import AnyAccelerators
+    from gpuscope.agent.clock import Clock
+    from gpuscope.agent.k8s.records import PodMeta
+    from gpuscope.agent.runtime import sources
 
 
 class StartupTracker:

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Set
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from gpuscope.agent.accelerators.records import AnyReading
-from gpuscope.agent.attribution.idle import Judge
 from gpuscope.agent.attribution.records import (
     CauseKey,
     GpuHolding,
@@ -27,8 +26,12 @@ from gpuscope.agent.attribution.records import (
     PodSignals,
     PodStartup,
 )
-from gpuscope.agent.k8s.records import PodMeta
 from gpuscope.agent.k8s.workloads import Workload
+
+if TYPE_CHECKING:
+    from gpuscope.agent.accelerators.records import AnyReading
+    from gpuscope.agent.attribution.idle import Judge
+    from gpuscope.agent.k8s.records import PodMeta
 
 NO_WORKLOAD = Workload("", "")
 

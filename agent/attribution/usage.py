@@ -12,18 +12,20 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-from gpuscope.agent.accelerators.records import AnyAccelerators, AnyReading, DeviceProcess
 from gpuscope.agent.attribution.devices import ACCELERATORS, devices
 from gpuscope.agent.attribution.processes import Dropped, process_pod
 from gpuscope.agent.attribution.records import GpuHolding, PodGpuUsage, PodRef
 from gpuscope.agent.attribution.spec import StageContext, StageSpec
 from gpuscope.agent.attribution.state import NO_WORKLOAD, Joined, pod_ref
-from gpuscope.agent.hostfs import HostFs
-from gpuscope.agent.k8s.cgroups import PodCgroup
-from gpuscope.agent.k8s.records import PodMeta
 from gpuscope.agent.runtime.sources import Collection, Keyed, describe
+
+if TYPE_CHECKING:
+    from gpuscope.agent.accelerators.records import AnyAccelerators, AnyReading, DeviceProcess
+    from gpuscope.agent.hostfs import HostFs
+    from gpuscope.agent.k8s.cgroups import PodCgroup
+    from gpuscope.agent.k8s.records import PodMeta
 
 UsageKey = tuple[int, str, str, str]  # GPU index, GPU UUID, pod UID, container id
 

@@ -3,12 +3,14 @@ against the wall clock."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuscope.agent.check.common import EDGE_SECONDS, TOLERANCE, Check, not_checked, value, verdict
-from gpuscope.agent.check.load import Load
-from gpuscope.agent.check.phases import Mark, Phases
-from gpuscope.agent.gpu.source import GpuSource
+
+if TYPE_CHECKING:
+    from gpuscope.agent.check.load import Load
+    from gpuscope.agent.check.phases import Mark, Phases
+    from gpuscope.agent.gpu.source import GpuSource
 
 
 def deltas(a: Mark, b: Mark, uuid: str) -> dict[str, Any]:

@@ -28,13 +28,12 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuscope.agent.amd import device as dev
 from gpuscope.agent.amd.library import AmdSmi, AmdSmiCallError, number, status_name
 from gpuscope.agent.amd.sampler import read_accumulators
 from gpuscope.agent.amd.source import AmdSource
-from gpuscope.agent.app.agent import Agent
 from gpuscope.agent.check.common import (
     FAIL,
     Check,
@@ -45,6 +44,9 @@ from gpuscope.agent.check.common import (
 )
 from gpuscope.agent.check.series_budget import check_series_budget
 from gpuscope.agent.check.session import start_agent
+
+if TYPE_CHECKING:
+    from gpuscope.agent.app.agent import Agent
 
 ACTIVITY_TOLERANCE = 0.05  # accumulator vs sampled busy share, absolute
 SAMPLE_EVERY = 0.1  # seconds between the sampled activity reads

@@ -9,12 +9,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuscope.agent.app.agent import Agent
+if TYPE_CHECKING:
+    from gpuscope.agent.app.agent import Agent
 
 MIB = 1024 * 1024
 

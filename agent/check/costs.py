@@ -6,7 +6,7 @@ import ctypes
 import functools
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuscope.agent.check.common import COLLECT_BUDGET, TICK_SHARE, Check, ms, stats, timed, verdict
 from gpuscope.agent.gpu import device as dev
@@ -15,7 +15,9 @@ from gpuscope.agent.gpu import gpm
 from gpuscope.agent.gpu.nvml import NOT_FOUND, Nvml
 from gpuscope.agent.gpu.processes import ProcessReader
 from gpuscope.agent.gpu.sampler import Sampler
-from gpuscope.agent.gpu.source import GpuSource
+
+if TYPE_CHECKING:
+    from gpuscope.agent.gpu.source import GpuSource
 
 # Every NVML call device.read makes per GPU per scrape (besides the field batch).
 SCRAPE_CALLS: tuple[tuple[str, tuple[int, ...]], ...] = (

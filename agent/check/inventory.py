@@ -8,12 +8,14 @@ import platform
 import shutil
 import sys
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuscope.agent.gpu import device as dev
 from gpuscope.agent.gpu import topology
-from gpuscope.agent.gpu.nvml import Nvml
-from gpuscope.agent.gpu.source import GpuSource
+
+if TYPE_CHECKING:
+    from gpuscope.agent.gpu.nvml import Nvml
+    from gpuscope.agent.gpu.source import GpuSource
 
 
 def imported_packages() -> list[str]:

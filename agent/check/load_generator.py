@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from gpuscope.agent.check.common import FAIL, PASS, Check, not_checked, verdict
-from gpuscope.agent.check.load import Load
-from gpuscope.agent.check.phases import Phases
+
+if TYPE_CHECKING:
+    from gpuscope.agent.check.load import Load
+    from gpuscope.agent.check.phases import Phases
 
 
 def check_load(load: Load | None, why: str, phases: Phases) -> Check:

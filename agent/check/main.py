@@ -6,11 +6,10 @@ import argparse
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuscope.agent import logs
 from gpuscope.agent.amd.source import AmdSource
-from gpuscope.agent.app.agent import Agent
 from gpuscope.agent.check import DESCRIPTION, SUMMARY
 from gpuscope.agent.check.accounting import check_busy, check_idle
 from gpuscope.agent.check.amd import inventory as amd_inventory
@@ -32,8 +31,11 @@ from gpuscope.agent.check.session import census_nvml, start_agent
 from gpuscope.agent.check.stream import StreamRecorder
 from gpuscope.agent.check.util_samples import check_util_samples
 from gpuscope.agent.check.xid import check_xid_delivery, check_xid_registration
-from gpuscope.agent.gpu.nvml import Nvml
-from gpuscope.agent.gpu.source import GpuSource
+
+if TYPE_CHECKING:
+    from gpuscope.agent.app.agent import Agent
+    from gpuscope.agent.gpu.nvml import Nvml
+    from gpuscope.agent.gpu.source import GpuSource
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

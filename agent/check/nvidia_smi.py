@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from gpuscope.agent.check.common import FAIL, MIB, Check, Metrics, label, num, value, verdict
-from gpuscope.agent.check.load import Load
-from gpuscope.agent.check.phases import Phases
+
+if TYPE_CHECKING:
+    from gpuscope.agent.check.load import Load
+    from gpuscope.agent.check.phases import Phases
 
 
 def smi_float(row: Mapping[str, str], key: str) -> float | None:

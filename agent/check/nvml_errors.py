@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from gpuscope.agent.check.common import Check, verdict
-from gpuscope.agent.gpu.source import GpuSource
+
+if TYPE_CHECKING:
+    from gpuscope.agent.gpu.source import GpuSource
 
 
 def check_nvml_errors(source: GpuSource) -> Check:

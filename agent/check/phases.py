@@ -7,13 +7,15 @@ import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpuscope.agent.app.agent import Agent
 from gpuscope.agent.check.common import Metrics, say, scrape
-from gpuscope.agent.check.load import Load
-from gpuscope.agent.check.stream import StreamRecorder
-from gpuscope.agent.gpu.source import GpuSource
+
+if TYPE_CHECKING:
+    from gpuscope.agent.app.agent import Agent
+    from gpuscope.agent.check.load import Load
+    from gpuscope.agent.check.stream import StreamRecorder
+    from gpuscope.agent.gpu.source import GpuSource
 
 
 @dataclass

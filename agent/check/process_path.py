@@ -11,15 +11,17 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuscope.agent.check.common import MIB, Check, child_env, myself, not_checked, verdict
-from gpuscope.agent.check.load import Load
 from gpuscope.agent.check.phases import smi_rows
 from gpuscope.agent.gpu import device as dev
 from gpuscope.agent.gpu.nvml import Nvml
 from gpuscope.agent.gpu.processes import ProcessReader
-from gpuscope.agent.gpu.source import GpuSource
+
+if TYPE_CHECKING:
+    from gpuscope.agent.check.load import Load
+    from gpuscope.agent.gpu.source import GpuSource
 
 CAP_SYS_ADMIN = 21
 

@@ -5,13 +5,15 @@ from __future__ import annotations
 import itertools
 import os
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuscope.agent.check.common import Check, not_checked, num, stats, verdict
-from gpuscope.agent.check.load import Load
-from gpuscope.agent.check.phases import Phases
-from gpuscope.agent.check.stream import StreamRecorder
 from gpuscope.agent.gpu.processes import HOLD_SECONDS
+
+if TYPE_CHECKING:
+    from gpuscope.agent.check.load import Load
+    from gpuscope.agent.check.phases import Phases
+    from gpuscope.agent.check.stream import StreamRecorder
 
 
 def process_cadence(rec: StreamRecorder, pid: int) -> dict[str, Any]:

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuscope.agent.app.agent import Agent
 from gpuscope.agent.app.config import parse
 from gpuscope.agent.app.exposition import exposition_of
 from gpuscope.agent.check.common import Check, verdict
 from gpuscope.agent.check.session import agent_argv
 from gpuscope.exporters.prometheus.exporter import PrometheusExporter
+
+if TYPE_CHECKING:
+    from gpuscope.agent.app.agent import Agent
 
 # Families the default detail level serves only while they apply (exporters/prometheus/
 # detail.py): a real GPU may have some (a power cap reason, an erroring link, an XID).

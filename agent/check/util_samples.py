@@ -6,10 +6,12 @@ import itertools
 import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuscope.agent.check.common import Check, num, stats, verdict
-from gpuscope.agent.check.stream import StreamRecorder
+
+if TYPE_CHECKING:
+    from gpuscope.agent.check.stream import StreamRecorder
 
 
 def clock_match(polls: Sequence[Mapping[str, Any]]) -> tuple[str, dict[str, float]]:

@@ -7,7 +7,7 @@ import ctypes
 import json
 import subprocess
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuscope.agent.check.common import (
     FAIL,
@@ -21,9 +21,11 @@ from gpuscope.agent.check.common import (
     verdict,
 )
 from gpuscope.agent.check.load import HookLoad, Load
-from gpuscope.agent.gpu.nvml import Nvml
-from gpuscope.agent.gpu.source import GpuSource
 from gpuscope.agent.gpu.xid import NVML_EVENT_TYPE_XID_CRITICAL_ERROR
+
+if TYPE_CHECKING:
+    from gpuscope.agent.gpu.nvml import Nvml
+    from gpuscope.agent.gpu.source import GpuSource
 
 
 def check_xid_registration(nvml: Nvml, source: GpuSource, final: Metrics) -> Check:

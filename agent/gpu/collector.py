@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from gpuscope.agent.gpu.records import GpuSnapshot
 from gpuscope.agent.runtime.accelerators import ACCELERATOR
 from gpuscope.agent.runtime.options import flag, number
-from gpuscope.agent.runtime.sources import Source
 from gpuscope.agent.runtime.spec import BuildContext, CollectorSpec
+
+if TYPE_CHECKING:
+    from gpuscope.agent.gpu.records import GpuSnapshot
+    from gpuscope.agent.runtime.sources import Source
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,9 +56,9 @@ GPU: CollectorSpec[GpuSnapshot, GpuOptions] = CollectorSpec(
     name="gpu",
     summary="NVIDIA GPUs through NVML: utilization, memory, power, clocks, errors, PCIe, "
     "NVLink, MIG, GPU processes.",
-    records=GpuSnapshot,
     options=GpuOptions,
     build=_build,
     renderer="gpuscope.exporters.prometheus.gpu:RENDERER",
+    metrics="gpuscope.exporters.prometheus.catalog_gpu:GPU_METRICS",
     role=ACCELERATOR,
 )

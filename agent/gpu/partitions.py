@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from gpuscope.agent.accelerators.records import Partition
-from gpuscope.agent.gpu.records import MigInstance
+
+if TYPE_CHECKING:
+    from gpuscope.agent.gpu.records import MigInstance
 
 _SLICES = re.compile(r"(?:^|\.)(\d+)g\.")
 GPU_SLICES = 7  # compute slices of a MIG-capable GPU, but for the A30's 4

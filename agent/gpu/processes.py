@@ -20,10 +20,9 @@ import ctypes
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuscope.agent.clock import Clock, SystemClock
-from gpuscope.agent.gpu.device import Device
 from gpuscope.agent.gpu.nvml import (
     FUNCTION_NOT_FOUND,
     INSUFFICIENT_SIZE,
@@ -33,6 +32,9 @@ from gpuscope.agent.gpu.nvml import (
     text,
 )
 from gpuscope.agent.gpu.records import GpuProcess, MigInstance
+
+if TYPE_CHECKING:
+    from gpuscope.agent.gpu.device import Device
 
 NO_INSTANCE = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId of a process outside MIG
 HOLD_SECONDS = 2.0  # longer than the slowest NVML sample period (1 s)

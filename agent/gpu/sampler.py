@@ -29,10 +29,9 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from functools import partial
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuscope.agent.accelerators.gate import Blocked, GpuGates, Job
-from gpuscope.agent.clock import Clock
 from gpuscope.agent.gpu import fields
 from gpuscope.agent.gpu.device import NVML_TEMPERATURE_GPU, Device
 from gpuscope.agent.gpu.gpm import GpmReader, GpmScopeReading, GpmTick
@@ -46,6 +45,9 @@ from gpuscope.agent.gpu.nvml import (
     union_value,
 )
 from gpuscope.agent.gpu.records import GpuIntegrals
+
+if TYPE_CHECKING:
+    from gpuscope.agent.clock import Clock
 
 log = logging.getLogger("gpuscope.gpu.sampler")
 

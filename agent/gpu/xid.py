@@ -21,13 +21,15 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuscope.agent.accelerators.gate import Blocked, RunOnGpu, direct
 from gpuscope.agent.clock import Clock, SystemClock
 from gpuscope.agent.gpu import xid_catalog
-from gpuscope.agent.gpu.device import Device
 from gpuscope.agent.gpu.nvml import TIMEOUT, GpuLost, Nvml, NvmlCallError
+
+if TYPE_CHECKING:
+    from gpuscope.agent.gpu.device import Device
 
 log = logging.getLogger("gpuscope.gpu.xid")
 

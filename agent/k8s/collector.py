@@ -11,13 +11,16 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from gpuscope.agent.k8s.podresources.records import KubeletSnapshot
-from gpuscope.agent.k8s.records import PodsSnapshot
 from gpuscope.agent.k8s.workloads import DEFAULT_ORDER, RESOLVERS
 from gpuscope.agent.runtime.options import ConfigError, flag, names
-from gpuscope.agent.runtime.sources import Source
 from gpuscope.agent.runtime.spec import BuildContext, CollectorSpec
+
+if TYPE_CHECKING:
+    from gpuscope.agent.k8s.podresources.records import KubeletSnapshot
+    from gpuscope.agent.k8s.records import PodsSnapshot
+    from gpuscope.agent.runtime.sources import Source
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +108,6 @@ KUBELET: CollectorSpec[KubeletSnapshot, KubeletOptions] = CollectorSpec(
     name="kubelet",
     summary="Device allocations per container from the kubelet's PodResources API (gRPC on "
     "its unix socket).",
-    records=KubeletSnapshot,
     options=KubeletOptions,
     build=_build_kubelet,
 )
@@ -114,7 +116,6 @@ PODS: CollectorSpec[PodsSnapshot, PodsOptions] = CollectorSpec(
     name="pods",
     summary="This node's pods, their containers and workloads, from the Kubernetes API "
     "(list and watch).",
-    records=PodsSnapshot,
     options=PodsOptions,
     build=_build_pods,
 )

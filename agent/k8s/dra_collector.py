@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gpuscope.agent.k8s.dra_records import DEFAULT_DRA_DRIVERS, DraSnapshot
 from gpuscope.agent.runtime.options import ConfigError, flag, names
-from gpuscope.agent.runtime.sources import Source
 from gpuscope.agent.runtime.spec import BuildContext, CollectorSpec
+
+if TYPE_CHECKING:
+    from gpuscope.agent.runtime.sources import Source
 
 
 def _drivers(flag_name: str, text: str) -> tuple[str, ...]:
@@ -67,7 +70,6 @@ DRA: CollectorSpec[DraSnapshot, DraOptions] = CollectorSpec(
     summary="GPUs allocated through Dynamic Resource Allocation, from the ResourceClaims' "
     "allocation results and the driver's ResourceSlices (Kubernetes API, resource.k8s.io v1, "
     "v1beta2 or v1beta1, the newest served).",
-    records=DraSnapshot,
     options=DraOptions,
     build=_build,
     default=False,

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from gpuscope.agent.k8s.workloads import Workload
+if TYPE_CHECKING:
+    from gpuscope.agent.k8s.workloads import Workload
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING
 from gpuscope.agent import logs
 from gpuscope.agent.app.config import Config, ConfigError, all_flags, parse
 from gpuscope.agent.app.registry import DEFAULT_COLLECTORS, accelerators
-from gpuscope.agent.runtime.options import Flag
 
 if TYPE_CHECKING:
     from gpuscope.agent.accelerators.records import AnyAccelerators
+    from gpuscope.agent.runtime.options import Flag
 
 # The agent's parser imports this module for `add_arguments` (`gpuscope --help` lists the
 # command): what only the command itself runs is imported where it runs, so that an agent

@@ -17,9 +17,11 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from gpuscope.agent.accelerators.records import AnyAccelerators
-from gpuscope.agent.runtime.sources import SourceResult
+if TYPE_CHECKING:
+    from gpuscope.agent.accelerators.records import AnyAccelerators
+    from gpuscope.agent.runtime.sources import SourceResult
 
 PRESENT, COUNT, HEALTHY = "gpu.present", "gpu.count", "gpu.healthy"
 # Labels that follow reality even while some GPUs do not answer: how many there are and how

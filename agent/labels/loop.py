@@ -17,17 +17,13 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuscope.agent.accelerators.records import AcceleratorSnapshot, AnyAccelerators
-from gpuscope.agent.app.config import Config
 from gpuscope.agent.app.registry import accelerators
 from gpuscope.agent.clock import Clock, SystemClock
 from gpuscope.agent.labels.hold import AbsenceClock, Decision, Reading, classify, decide
 from gpuscope.agent.net.placement import network_placement
-from gpuscope.agent.runtime.accelerators import DeviceWatch
-from gpuscope.agent.runtime.sources import Collection, SourceRunner
-from gpuscope.agent.runtime.spec import CollectorSpec
 from gpuscope.exporters.labels.gpu import gpu_labels, topology_annotation
 from gpuscope.exporters.labels.publish import (
     NodeFeaturePublisher,
@@ -37,6 +33,12 @@ from gpuscope.exporters.labels.publish import (
     write_features_file,
 )
 from gpuscope.exporters.labels.validation import validate
+
+if TYPE_CHECKING:
+    from gpuscope.agent.app.config import Config
+    from gpuscope.agent.runtime.accelerators import DeviceWatch
+    from gpuscope.agent.runtime.sources import Collection, SourceRunner
+    from gpuscope.agent.runtime.spec import CollectorSpec
 
 log = logging.getLogger("gpuscope.labels")
 

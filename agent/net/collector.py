@@ -8,13 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuscope.agent.net.records import NetSnapshot, NicSnapshot, RdmaSnapshot
 from gpuscope.agent.runtime.options import NoOptions, flag, one_of
-from gpuscope.agent.runtime.sources import Source
 from gpuscope.agent.runtime.spec import BuildContext, CollectorSpec, HostOptions
 
 if TYPE_CHECKING:
+    from gpuscope.agent.net.records import NetSnapshot, NicSnapshot, RdmaSnapshot
     from gpuscope.agent.net.source import NetConfig
+    from gpuscope.agent.runtime.sources import Source
 
 # Map sizes the kernel can allocate, checked at parse time (a larger one was accepted, then
 # failed at load with "Argument list too long"). A hash map takes at most 2**27 entries (its
@@ -115,27 +115,27 @@ NET: CollectorSpec[NetSnapshot, NetOptions] = CollectorSpec(
     name="net",
     summary="Per-pod TCP/UDP traffic, retransmits, connections and RTT from eBPF probes, "
     "aggregated in the kernel by cgroup.",
-    records=NetSnapshot,
     options=NetOptions,
     build=_build_net,
     renderer="gpuscope.exporters.prometheus.net:RENDERER",
+    metrics="gpuscope.exporters.prometheus.catalog_net:NET_METRICS",
 )
 
 NIC: CollectorSpec[NicSnapshot, NoOptions] = CollectorSpec(
     name="nic",
     summary="Physical network interfaces from sysfs: bytes, packets, errors, speed, MTU.",
-    records=NicSnapshot,
     options=NoOptions,
     build=_build_nic,
     renderer="gpuscope.exporters.prometheus.net_devices:NIC_RENDERER",
+    metrics="gpuscope.exporters.prometheus.catalog_nic:NIC_METRICS",
 )
 
 RDMA: CollectorSpec[RdmaSnapshot, NoOptions] = CollectorSpec(
     name="rdma",
     summary="RDMA devices (InfiniBand, RoCE) from sysfs: port state, rate, traffic and "
     "error counters.",
-    records=RdmaSnapshot,
     options=NoOptions,
     build=_build_rdma,
     renderer="gpuscope.exporters.prometheus.net_devices:RDMA_RENDERER",
+    metrics="gpuscope.exporters.prometheus.catalog_nic:RDMA_METRICS",
 )

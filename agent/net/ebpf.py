@@ -6,10 +6,13 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gpuscope.agent.bpf.layout import text
-from gpuscope.agent.bpf.maps import PinnedFamily
 from gpuscope.agent.net.bpf_program import MAP_INDEX
+
+if TYPE_CHECKING:
+    from gpuscope.agent.bpf.maps import PinnedFamily
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from gpuscope.agent.hostfs import Reason
+if TYPE_CHECKING:
+    from gpuscope.agent.hostfs import Reason
 
 PROTOCOLS = ("tcp", "udp")  # traffic_key.proto
 DIRECTIONS = ("transmit", "receive")  # traffic_key.dir

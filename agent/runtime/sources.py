@@ -131,22 +131,25 @@ class Collection:
     def records(self, key: Keyed[R]) -> R | None:
         """The collector's records, if its last collection succeeded."""
         result = self.results.get(key.name)
-        return result.records if result is not None and result.success else None
+        return key.typed(result.records) if result is not None and result.success else None
 
     def last_records(self, key: Keyed[R]) -> R | None:
         """The records even of a failed collection that kept its last ones (`SourceStale`)."""
         result = self.results.get(key.name)
-        return result.records if result is not None else None
+        return key.typed(result.records) if result is not None else None
 
 
 class Keyed(Protocol[R_co]):
-    """A collector's declaration as a typed key (agent/runtime/spec.py `CollectorSpec`)."""
+    """A collector's declaration as a typed key (agent/runtime/spec.py `CollectorSpec`).
+
+    The key's type parameter is its records' type; `typed` gives records, stored by name
+    without one, that type. Declarations do not import their records (a GPU-only agent
+    would then import every collector's), so the key carries the type and not the class."""
 
     @property
     def name(self) -> str: ...
 
-    @property
-    def records(self) -> type[R_co]: ...
+    def typed(self, records: Any) -> R_co: ...
 
 
 RETRY_FIRST = 10.0  # seconds before retrying a source that failed to start

@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
-from gpuscope.agent.clock import Clock
-from gpuscope.agent.runtime.sources import Source
+if TYPE_CHECKING:
+    from gpuscope.agent.clock import Clock
+    from gpuscope.agent.runtime.sources import Source
 
 R = TypeVar("R")  # the records the collector's source returns
 O = TypeVar("O")  # the collector's options dataclass  # noqa: E741
@@ -59,14 +60,23 @@ class CollectorSpec(Generic[R, O]):
 
     name: str
     summary: str  # one line for the docs: what it reads
-    records: type[R]
     options: type[O]
     build: Callable[[BuildContext[O]], Source[R]]
     # "module:ATTRIBUTE" of its Prometheus renderer (an `exporters.prometheus.render.Renderer`),
     # named rather than imported: sources never import exporters. None: nothing of its own to
     # render (the kubelet and pods collectors feed the attribution stage).
     renderer: str | None = None
+    # "module:ATTRIBUTE" of the metrics that renderer may emit (a tuple of
+    # `exporters.prometheus.spec.MetricSpec`, in exporters/prometheus/catalog_*.py). The
+    # catalog holds every collector's metrics, enabled or not; naming them apart from the
+    # renderer lets it be assembled without importing every renderer and the records each
+    # reads (a GPU-only agent then never imports the AMD or network records).
+    metrics: str | None = None
     default: bool = True  # enabled when --collectors is not given
     # What the collector is to the parts above it: ACCELERATOR (agent/runtime/accelerators.py)
     # for one that reads accelerators, whose source is then a `DeviceWatch` too; "" for none.
     role: str = ""
+
+    def typed(self, records: Any) -> R:
+        """Records of this collector's source, typed by the declaration (`Keyed`)."""
+        return records  # type: ignore[no-any-return]

@@ -17,14 +17,16 @@ import hashlib
 import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from gpuscope.agent.accelerators.records import AnyAccelerators, AnyReading
 from gpuscope.agent.bounded import HASH_LENGTH
-from gpuscope.agent.net.placement import NetworkPlacement
 from gpuscope.exporters.labels import amd, nvidia
 from gpuscope.exporters.labels.validation import validate
 from gpuscope.exporters.labels.values import MAX_LENGTH, label_value, version
+
+if TYPE_CHECKING:
+    from gpuscope.agent.accelerators.records import AnyAccelerators, AnyReading
+    from gpuscope.agent.net.placement import NetworkPlacement
 
 MIB = 1024 * 1024
 

@@ -18,10 +18,12 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpuscope.agent.accelerators.records import AnyAccelerators
 from gpuscope.exporters.labels.gpu import vendor_labels
+
+if TYPE_CHECKING:
+    from gpuscope.agent.accelerators.records import AnyAccelerators
 
 log = logging.getLogger("gpuscope.labels")
 

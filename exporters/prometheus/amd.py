@@ -9,8 +9,8 @@ does not have (a link down, a throttle reason that applies, a stuck GPU)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from gpuscope.agent.accelerators.records import AcceleratorReading
 from gpuscope.agent.amd.collector import AMD, AmdOptions
 from gpuscope.agent.amd.records import AmdGpus, AmdReading, amd, node
 from gpuscope.exporters.prometheus.catalog_amd import AMD_METRICS
@@ -23,8 +23,11 @@ from gpuscope.exporters.prometheus.devices import (
     add_unsampled,
     device_labels,
 )
-from gpuscope.exporters.prometheus.families import Families
 from gpuscope.exporters.prometheus.render import RenderContext, Renderer
+
+if TYPE_CHECKING:
+    from gpuscope.agent.accelerators.records import AcceleratorReading
+    from gpuscope.exporters.prometheus.families import Families
 
 # The clocks served at the default level, as for NVIDIA: the compute clock and memory; the
 # temperatures: the die, the memory and the board edge (the per-HBM-stack ones at full detail).

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from gpuscope.agent.attribution.records import Attribution
-from gpuscope.exporters.prometheus.families import Families
+from typing import TYPE_CHECKING
+
 from gpuscope.exporters.prometheus.pod_signals import render_pod_signals
+
+if TYPE_CHECKING:
+    from gpuscope.agent.attribution.records import Attribution
+    from gpuscope.exporters.prometheus.families import Families
 
 
 def render_attribution(att: Attribution, out: Families) -> None:

@@ -21,10 +21,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from gpuscope.agent.name_patterns import NamePattern, compile_name_pattern
-from gpuscope.exporters.prometheus.spec import AtDefault, MetricSpec
+
+if TYPE_CHECKING:
+    from gpuscope.exporters.prometheus.spec import AtDefault, MetricSpec
 
 Mode = Literal["full", "some", "off"]
 

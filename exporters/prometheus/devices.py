@@ -5,9 +5,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
-from gpuscope.agent.accelerators.records import AnyReading, InterconnectLink
-from gpuscope.exporters.prometheus.families import Families
+if TYPE_CHECKING:
+    from gpuscope.agent.accelerators.records import AnyReading, InterconnectLink
+    from gpuscope.exporters.prometheus.families import Families
 
 DeviceLabels = tuple[str, str]  # the (gpu, uuid) labels every device series starts with
 

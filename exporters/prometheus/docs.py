@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from gpuscope.exporters.prometheus.catalog import Catalog
-from gpuscope.exporters.prometheus.spec import MetricSpec
+if TYPE_CHECKING:
+    from gpuscope.exporters.prometheus.catalog import Catalog
+    from gpuscope.exporters.prometheus.spec import MetricSpec
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,18 +13,13 @@ one renderer marks that collector failed and leaves the rest of the scrape intac
 from __future__ import annotations
 
 import logging
-import platform
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import gpuscope
-from gpuscope.agent.accelerators.records import AnyAccelerators
-from gpuscope.agent.runtime.self_stats import ProcessStats
-from gpuscope.agent.runtime.sources import Keyed, SourceResult
 from gpuscope.exporters.prometheus.attribution import render_attribution
-from gpuscope.exporters.prometheus.catalog import Catalog
-from gpuscope.exporters.prometheus.detail import MetricSelection
 from gpuscope.exporters.prometheus.families import Families
 from gpuscope.exporters.prometheus.pod_bound import PodBound, per_pod_sources
 from gpuscope.exporters.prometheus.render import RenderContext, Renderer
@@ -32,6 +27,12 @@ from gpuscope.exporters.scrape import ATTRIBUTION_STAGE, Scrape
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
+
+    from gpuscope.agent.accelerators.records import AnyAccelerators
+    from gpuscope.agent.runtime.self_stats import ProcessStats
+    from gpuscope.agent.runtime.sources import Keyed, SourceResult
+    from gpuscope.exporters.prometheus.catalog import Catalog
+    from gpuscope.exporters.prometheus.detail import MetricSelection
 
 log = logging.getLogger("gpuscope.exporter")
 
@@ -163,5 +164,5 @@ def _build_labels(
         snapshot = scraped.collection.records(key)
         if snapshot is not None:
             library, driver = snapshot.library_version, snapshot.driver_version
-            return (gpuscope.__version__, platform.python_version(), library, driver)
-    return (gpuscope.__version__, platform.python_version(), "", "")
+            return (gpuscope.__version__, sys.version.split()[0], library, driver)
+    return (gpuscope.__version__, sys.version.split()[0], "", "")

@@ -30,12 +30,13 @@ from functools import cache
 from typing import TYPE_CHECKING
 
 from gpuscope.agent.hostfs import label_text
-from gpuscope.exporters.prometheus.catalog import Catalog
 from gpuscope.exporters.prometheus.detail import EVERYTHING, MetricSelection, Mode
-from gpuscope.exporters.prometheus.spec import MetricSpec
 
 if TYPE_CHECKING:  # prometheus_client is imported only for OpenMetrics (`metrics()`)
     from prometheus_client.core import Metric
+
+    from gpuscope.exporters.prometheus.catalog import Catalog
+    from gpuscope.exporters.prometheus.spec import MetricSpec
 
 Sample = tuple[tuple[str, ...], float]
 # A histogram sample: cumulative (le, count) pairs ending with +Inf, the sum, the count.

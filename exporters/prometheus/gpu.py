@@ -10,7 +10,7 @@ down or erroring, a throttle reason that applies, a stuck or fenced GPU) and per
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from gpuscope.agent.gpu import fields
 from gpuscope.agent.gpu.collector import GPU, GpuOptions
@@ -34,8 +34,10 @@ from gpuscope.exporters.prometheus.devices import (
     add_unsampled,
     device_labels,
 )
-from gpuscope.exporters.prometheus.families import Families
 from gpuscope.exporters.prometheus.render import RenderContext, Renderer
+
+if TYPE_CHECKING:
+    from gpuscope.exporters.prometheus.families import Families
 
 
 def render_gpu(

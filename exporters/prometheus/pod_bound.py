@@ -23,9 +23,11 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 from functools import cache
+from typing import TYPE_CHECKING
 
-from gpuscope.exporters.prometheus.families import Families
-from gpuscope.exporters.prometheus.spec import MetricSpec
+if TYPE_CHECKING:
+    from gpuscope.exporters.prometheus.families import Families
+    from gpuscope.exporters.prometheus.spec import MetricSpec
 
 log = logging.getLogger("gpuscope.exporter")
 

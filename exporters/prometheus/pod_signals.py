@@ -3,9 +3,12 @@ cgroup lacks is left out, never written as 0."""
 
 from __future__ import annotations
 
-from gpuscope.agent.attribution.records import Attribution
-from gpuscope.agent.k8s.pod_cgroup_usage import Pressure
-from gpuscope.exporters.prometheus.families import Families
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gpuscope.agent.attribution.records import Attribution
+    from gpuscope.agent.k8s.pod_cgroup_usage import Pressure
+    from gpuscope.exporters.prometheus.families import Families
 
 PRESSURE = "gpuscope_pod_pressure_stalled_seconds_total"
 

@@ -14,12 +14,11 @@ from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from gpuscope.agent.attribution.records import Attribution
-from gpuscope.agent.runtime.spec import CollectorSpec
-from gpuscope.exporters.prometheus.spec import MetricSpec
-
 if TYPE_CHECKING:
+    from gpuscope.agent.attribution.records import Attribution
+    from gpuscope.agent.runtime.spec import CollectorSpec
     from gpuscope.exporters.prometheus.families import Families
+    from gpuscope.exporters.prometheus.spec import MetricSpec
 
 R = TypeVar("R")
 O = TypeVar("O")  # noqa: E741
@@ -39,13 +38,32 @@ class Renderer(Generic[R, O]):
     render: Callable[[R, Families, RenderContext[O]], None]
 
 
+def _named(reference: str) -> Any:
+    module, _, attr = reference.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+@cache
+def metrics_of(collector: CollectorSpec[Any, Any]) -> tuple[MetricSpec, ...] | None:
+    """The metrics a collector's declaration names (`CollectorSpec.metrics`): its part of
+    the catalog, imported without its renderer or records."""
+    if collector.metrics is None:
+        return None
+    found = _named(collector.metrics)
+    if not isinstance(found, tuple):
+        raise TypeError(f"{collector.metrics} is not a tuple of metric specs")
+    return found
+
+
 @cache
 def renderer_of(collector: CollectorSpec[Any, Any]) -> Renderer[Any, Any] | None:
-    """The renderer a collector's declaration names; checked to be that collector's."""
+    """The renderer a collector's declaration names; checked to be that collector's and to
+    emit the metrics the declaration names, so the catalog and the renderer cannot differ."""
     if collector.renderer is None:
         return None
-    module, _, attr = collector.renderer.partition(":")
-    found = getattr(importlib.import_module(module), attr)
+    found = _named(collector.renderer)
     if not isinstance(found, Renderer) or found.collector is not collector:
         raise TypeError(f"{collector.renderer} is not the renderer of collector {collector.name}")
+    if found.metrics is not metrics_of(collector):
+        raise TypeError(f"{collector.renderer} does not render {collector.metrics}")
     return found

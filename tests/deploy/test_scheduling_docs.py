@@ -17,8 +17,9 @@ import yaml
 
 from gpuscope.agent.accelerators.records import AcceleratorSnapshot
 from gpuscope.agent.amd.device import FAMILIES as AMD_FAMILIES
+from gpuscope.agent.net.placement import NetworkPlacement
 from gpuscope.agent.pci import LEVELS
-from gpuscope.exporters.labels.gpu import NetworkPlacement, gpu_labels
+from gpuscope.exporters.labels.gpu import gpu_labels
 from gpuscope.exporters.labels.nvidia import FAMILIES
 from gpuscope.exporters.labels.publish import OWNED
 from tests.doubles.fakenvml.control import FakeNvml

@@ -21,8 +21,10 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from gpuscope.agent.k8s.podresources.records import Device, PodDevices
+if TYPE_CHECKING:
+    from gpuscope.agent.k8s.podresources.records import Device, PodDevices
 
 DEFAULT_GPU_RESOURCES: tuple[str, ...] = ("nvidia.com/gpu", "amd.com/gpu")
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"  # nvidia.com/mig-1g.10gb, ... (the "mixed" strategy)
