@@ -36,6 +36,7 @@ import http.server
 import itertools
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -78,6 +79,7 @@ from tests.support.observability import (  # noqa: E402
 from tests.support.prometheus_process import PrometheusFailed, launch_prometheus  # noqa: E402
 
 RULE_FILES = sorted((REPO / "daemonset" / "rules").glob("*.yml"))
+UUID_LABEL = re.compile(r'[{,]uuid="([^"]+)"')
 PROFILES = ("dgx-h100", "dgx-h100", "dgx-h100-mig", "hgx-a100-mig", "pcie-l40s", "mixed")
 LEVELS = ("default", "full")
 COLLECTORS = "gpu,nic,rdma,kubelet,pods"
@@ -474,12 +476,17 @@ def scrape_sizes(agent: AgentProcess) -> tuple[int, int, int]:
 
 
 def series_groups(agent: AgentProcess) -> Counter[str]:
-    """Series of one /metrics by group: gpuscope_gpu_<word>, else gpuscope_<word>."""
+    """Series of one /metrics by group: gpuscope_gpu_<word>, else gpuscope_<word>; and
+    "(per GPU, most)": the most series that carry one GPU's uuid (issue #15's budget)."""
     groups: Counter[str] = Counter()
+    per_gpu: Counter[str] = Counter()
     for line in fetch(agent.url + "/metrics", False).decode().splitlines():
         if line and not line.startswith("#"):
             words = line.split("{")[0].split(" ")[0].split("_")
             groups["_".join(words[:3] if words[1:2] == ["gpu"] else words[:2])] += 1
+            if (uuid := UUID_LABEL.search(line)) is not None:
+                per_gpu[uuid.group(1)] += 1
+    groups["(per GPU, most)"] = max(per_gpu.values(), default=0)
     return groups
 
 
@@ -495,7 +502,7 @@ def template_values(prom: Prometheus, node: str, elapsed: float, interval: int) 
         "__range": f"{max(int(elapsed), 60)}s",
     }
     return {
-        "gpu-fleet": common,
+        "gpu-fleet": {**common, "vendor": ".*", "model": ".*"},
         "node": {**common, "node": node, "gpu": ".*"},
         "training-job": {
             **common,

@@ -173,8 +173,8 @@ def read_device(ibdev: Path, fs: HostFs = SYSFS) -> RdmaDevice:
 
 
 def read_port(ibdev: Path, port_dir: Path, port: int, fs: HostFs = SYSFS) -> RdmaPort:
-    counters = _read_counters(port_dir / "counters", fs)
-    hw = _read_counters(port_dir / "hw_counters", fs, skip=("lifespan",))
+    counters, unread = _read_counters(port_dir / "counters", fs)
+    hw, hw_unread = _read_counters(port_dir / "hw_counters", fs, skip=("lifespan",))
     errors: dict[str, int] = {}
     congestion: dict[str, int] = {}
     for raw, kind in PORT_COUNTERS.items():
@@ -185,6 +185,8 @@ def read_port(ibdev: Path, port_dir: Path, port: int, fs: HostFs = SYSFS) -> Rdm
         if known is not None:
             name, kind = known
             (errors if kind == ERROR else congestion)[name] = value
+    missed = [PORT_COUNTERS.get(raw) for raw in unread]
+    missed += [HW_COUNTERS[raw][1] for raw in hw_unread if raw in HW_COUNTERS]
     state, state_name = parse_state(fs.read_text(port_dir / "state"))
     phys, phys_name = parse_state(fs.read_text(port_dir / "phys_state"))
     rate = parse_rate(fs.read_text(port_dir / "rate"))
@@ -204,6 +206,7 @@ def read_port(ibdev: Path, port_dir: Path, port: int, fs: HostFs = SYSFS) -> Rdm
         transmit_packets=counters.get("port_xmit_packets"),
         receive_packets=counters.get("port_rcv_packets"),
         errors=dict(sorted(errors.items())),
+        errors_complete=ERROR not in missed,
         congestion=dict(sorted(congestion.items())),
         counters=counters,
         hw_counters=hw,
@@ -246,14 +249,20 @@ def _words(value: int | None) -> int | None:
     return value * 4 if value is not None else None
 
 
-def _read_counters(directory: Path, fs: HostFs, skip: tuple[str, ...] = ()) -> dict[str, int]:
+def _read_counters(
+    directory: Path, fs: HostFs, skip: tuple[str, ...] = ()
+) -> tuple[dict[str, int], frozenset[str]]:
     """Every counter file in a counter directory, by name (as label text); unreadable ones,
-    and values no u64 counter holds (counted as invalid), are left out."""
+    and values no u64 counter holds (counted as invalid), are left out, and named in the
+    second value (by file name): a sum over the counters must know when it misses a part."""
     values: dict[str, int] = {}
+    unread: set[str] = set()
     for entry in fs.list_dir(directory):
         if entry.name in skip:
             continue
         value = fs.read_counter(entry)
-        if value is not None:
+        if value is None:
+            unread.add(entry.name)
+        else:
             values[label_text(entry.name)] = value
-    return values
+    return values, frozenset(unread)

@@ -97,6 +97,9 @@ class RdmaPort:
     transmit_packets: int | None = None
     receive_packets: int | None = None
     errors: Mapping[str, int] = field(default_factory=dict)  # allow-listed, normalized
+    # False when an error counter the port lists could not be read this time: a sum over
+    # `errors` would then dip below the last one and read as a counter reset.
+    errors_complete: bool = True
     congestion: Mapping[str, int] = field(default_factory=dict)  # allow-listed, normalized
     counters: Mapping[str, int] = field(default_factory=dict)  # every `counters/*`, raw
     hw_counters: Mapping[str, int] = field(default_factory=dict)  # every `hw_counters/*`, raw

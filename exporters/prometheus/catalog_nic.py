@@ -4,6 +4,11 @@ Kernel counters are exported as the kernel keeps them: monotonic since the drive
 loaded (or the device reset), never reset by the agent, so rate() works across agent
 restarts. Device series carry `device` (and `port`) only; driver, PCI bus id, NUMA node,
 firmware and the RDMA-to-netdev link are on the `_info` series, to join on.
+
+At the default detail level every device serves its summary (info, state, speed, bytes and
+its errors summed: `at_default="all"`) and only a device with errors serves its detail
+(packets, MTU, and the per-counter series that have counted: "some"); which, and why, is
+in exporters/prometheus/net_devices.py.
 """
 
 from __future__ import annotations
@@ -12,6 +17,25 @@ from gpuscope.exporters.prometheus.spec import MetricSpec
 
 NIC = ("device",)
 PORT = ("device", "port")
+
+# When the default level serves a detail family ("some"): the same rule for both collectors.
+NIC_DETAIL = (
+    "At the default level, NICs with errors (gpuscope_nic_errors_summed_total above 0); "
+    "every NIC at full detail."
+)
+NIC_COUNTER_DETAIL = (
+    "At the default level, the directions that have counted (not 0) of NICs with errors "
+    "(gpuscope_nic_errors_summed_total above 0); both directions of every NIC at full detail."
+)
+PORT_DETAIL = (
+    "At the default level, ports with errors (gpuscope_rdma_port_errors_summed_total above "
+    "0); every port at full detail."
+)
+PORT_COUNTER_DETAIL = (
+    "At the default level, the counters that have counted (not 0) of ports with errors "
+    "(gpuscope_rdma_port_errors_summed_total above 0); every counter the device has at "
+    "full detail"
+)
 
 NIC_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
@@ -45,6 +69,8 @@ NIC_METRICS: tuple[MetricSpec, ...] = (
         "Packets sent through the netdev (statistics/tx_packets).",
         NIC,
         "nic",
+        NIC_DETAIL,
+        at_default="some",
     ),
     MetricSpec(
         "gpuscope_nic_receive_packets_total",
@@ -52,6 +78,20 @@ NIC_METRICS: tuple[MetricSpec, ...] = (
         "Packets received through the netdev (statistics/rx_packets).",
         NIC,
         "nic",
+        NIC_DETAIL,
+        at_default="some",
+    ),
+    MetricSpec(
+        "gpuscope_nic_errors_summed_total",
+        "counter",
+        "Packets with errors in either direction (statistics/tx_errors + rx_errors): "
+        "gpuscope_nic_errors_total summed over the directions. Every NIC has it at every "
+        "detail level, 0 included: alert on it. Above 0 (since the driver was loaded), the "
+        "NIC serves its detail at the default level too.",
+        NIC,
+        "nic",
+        "Where the kernel has both counters and both were read (a scrape missing one leaves "
+        "the series out, rather than dip like a counter reset).",
     ),
     MetricSpec(
         "gpuscope_nic_errors_total",
@@ -59,13 +99,19 @@ NIC_METRICS: tuple[MetricSpec, ...] = (
         "Packets with errors, by direction (transmit, receive): statistics/tx_errors, rx_errors.",
         ("device", "direction"),
         "nic",
+        NIC_COUNTER_DETAIL,
+        at_default="some",
     ),
     MetricSpec(
         "gpuscope_nic_dropped_total",
         "counter",
-        "Packets dropped, by direction (transmit, receive): statistics/tx_dropped, rx_dropped.",
+        "Packets dropped, by direction (transmit, receive): statistics/tx_dropped, rx_dropped. "
+        "Not errors: most NICs drop a few received frames they have no use for (an unknown "
+        "protocol, a VLAN not configured).",
         ("device", "direction"),
         "nic",
+        NIC_COUNTER_DETAIL,
+        at_default="some",
     ),
     MetricSpec(
         "gpuscope_nic_speed_bytes_per_second",
@@ -82,7 +128,15 @@ NIC_METRICS: tuple[MetricSpec, ...] = (
         NIC,
         "nic",
     ),
-    MetricSpec("gpuscope_nic_mtu_bytes", "gauge", "The netdev's MTU.", NIC, "nic"),
+    MetricSpec(
+        "gpuscope_nic_mtu_bytes",
+        "gauge",
+        "The netdev's MTU.",
+        NIC,
+        "nic",
+        NIC_DETAIL,
+        at_default="some",
+    ),
 )
 
 RDMA_METRICS: tuple[MetricSpec, ...] = (
@@ -118,7 +172,8 @@ RDMA_METRICS: tuple[MetricSpec, ...] = (
         "Packets sent by the port (counters/port_xmit_packets).",
         PORT,
         "rdma",
-        "Devices with the PortCounters set (mlx5; not irdma).",
+        "Devices with the PortCounters set (mlx5; not irdma). " + PORT_DETAIL,
+        at_default="some",
     ),
     MetricSpec(
         "gpuscope_rdma_port_receive_packets_total",
@@ -126,7 +181,20 @@ RDMA_METRICS: tuple[MetricSpec, ...] = (
         "Packets received by the port (counters/port_rcv_packets).",
         PORT,
         "rdma",
-        "Devices with the PortCounters set (mlx5; not irdma).",
+        "Devices with the PortCounters set (mlx5; not irdma). " + PORT_DETAIL,
+        at_default="some",
+    ),
+    MetricSpec(
+        "gpuscope_rdma_port_errors_summed_total",
+        "counter",
+        "Port errors of every kind, summed: gpuscope_rdma_port_errors_total summed over its "
+        "counters (congestion signals not included). Every port has it at every detail "
+        "level, 0 included: alert on it. Above 0 (since the driver was loaded), the port "
+        "serves its detail at the default level too.",
+        PORT,
+        "rdma",
+        "Ports with at least one error counter, when every one of them was read (a scrape "
+        "missing one leaves the series out, rather than dip like a counter reset).",
     ),
     MetricSpec(
         "gpuscope_rdma_port_errors_total",
@@ -138,7 +206,8 @@ RDMA_METRICS: tuple[MetricSpec, ...] = (
         "PortCounters error counters saturate at their maximum rather than wrap.",
         (*PORT, "counter"),
         "rdma",
-        "Each counter the device has; the allow-list is in agent/net/rdma.py.",
+        PORT_COUNTER_DETAIL + "; the allow-list is in agent/net/rdma.py.",
+        at_default="some",
     ),
     MetricSpec(
         "gpuscope_rdma_port_congestion_total",
@@ -146,10 +215,14 @@ RDMA_METRICS: tuple[MetricSpec, ...] = (
         "Congestion signals by counter, kept apart from errors because a healthy RoCE fabric "
         "raises them all the time: cnp_sent, cnp_handled, cnp_ignored, ecn_marked_packets "
         "(RoCE, mlx5 and irdma under the same names) and port_xmit_wait (InfiniBand: ticks "
-        "with data to send and no credit).",
+        "with data to send and no credit). Not errors, for the detail level either: every "
+        "working port has counted some, so the default level serves them beside a port's "
+        "errors only; --metrics-include 'gpuscope_rdma_port_congestion_total' serves every "
+        "port's.",
         (*PORT, "counter"),
         "rdma",
-        "Each counter the device has: CNP and ECN counters on RoCE ports.",
+        PORT_COUNTER_DETAIL + ": CNP and ECN counters on RoCE ports.",
+        at_default="some",
     ),
     MetricSpec(
         "gpuscope_rdma_port_state",

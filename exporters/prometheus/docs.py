@@ -52,7 +52,10 @@ Detail level (`--metrics-detail`, exporters/prometheus/detail.py): the column "D
 what the default level serves of each metric: all its series, some (the exceptions a
 healthy node does not have, or per-GPU summaries: "Present" says which) or none (served at
 `--metrics-detail=full` only). At the default level an 8x H100 node serves 40 series per GPU
-(plus one per distinct XID a GPU reported); at full detail, 186. `--metrics-include`
+(plus one per distinct XID a GPU reported); at full detail, 186. Its NICs and RDMA ports
+serve a summary per device (info, state, speed, bytes, errors summed), and only those with
+errors since boot their packets and the per-counter series that have counted: 146 series
+for the test node's 11 NICs and 9 RDMA ports, 474 at full detail. `--metrics-include`
 serves the matching metrics whole at any level; `--metrics-exclude` removes them (the
 `gpuscope_collector_*` health series excepted). docs/scale.md has the arithmetic.
 

@@ -5,18 +5,24 @@ At the default level a GPU serves per-GPU summaries (NVLink links by state, NVLi
 summed by type) and only the exceptions (a link down or erroring, a throttle reason that
 applies, a stuck or fenced GPU, a refused XID registration); `--metrics-detail full` serves
 every per-link and per-reason series; `--metrics-include`/`--metrics-exclude` pick families
-by name in between.
+by name in between. The node's NICs and RDMA ports follow the same levels (issue #25): a
+summary per device, and the counters of the devices with errors
+(tests/unit/net/test_device_detail.py).
 """
 
 from __future__ import annotations
 
 import re
 from collections import Counter
+from pathlib import Path
 
+from tests.doubles.make_sysfs import write_tree
 from tests.support import wait_for
 
 BUDGET_PER_GPU = 40  # issue #15: about dcgm-exporter's default counter set, times two
+BUDGET_NIC_RDMA = 150  # issue #25: the dgx-h100 node's 9 RDMA ports and 11 NICs, together
 UUID = re.compile(r'\buuid="([^"]+)"')
+NIC_RDMA = re.compile(r"^gpuscope_(nic|rdma)_")
 
 
 def series_per_gpu(text: str) -> Counter[str]:
@@ -45,6 +51,29 @@ def test_an_h100_gpu_costs_at_most_40_series_at_the_default_level(inprocess) -> 
     per_gpu_full = series_per_gpu(full.scrape_text())
     # Every per-link state, error and byte counter (18 links x 7), every reason and pipe.
     assert min(per_gpu_full.values()) > 4 * BUDGET_PER_GPU, per_gpu_full
+
+
+def nic_rdma_series(text: str) -> int:
+    return sum(1 for line in text.splitlines() if NIC_RDMA.match(line))
+
+
+def test_the_node_with_its_nics_and_rdma_ports_keeps_both_budgets(
+    inprocess, tmp_path: Path
+) -> None:
+    """Every node-level collector on the fixture node: 8 H100s, 8 ConnectX-7 and an E810
+    (9 RDMA ports, 4 of them with errors since boot) and 11 NICs (one with errors)."""
+    sysfs = write_tree(tmp_path / "sys")
+    node = ("dgx-h100", "--collectors", "gpu,nic,rdma", "--sysfs", str(sysfs))
+    h = inprocess(*node)
+    h.advance(5)
+    text = h.scrape_text()
+    per_gpu = series_per_gpu(text)
+    assert len(per_gpu) == 8 and max(per_gpu.values()) <= BUDGET_PER_GPU, per_gpu
+    assert nic_rdma_series(text) <= BUDGET_NIC_RDMA
+    full = inprocess(*node, "--metrics-detail", "full")
+    full.advance(5)
+    # Every counter of every device: the 238 RDMA error counters alone.
+    assert nic_rdma_series(full.scrape_text()) > 3 * BUDGET_NIC_RDMA
 
 
 def test_a_link_down_or_erroring_is_served_per_link_at_the_default_level(inprocess) -> None:

@@ -8,18 +8,28 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuscope.agent.app.exposition import catalog
+from gpuscope.exporters.prometheus.detail import EVERYTHING, MetricSelection
 from gpuscope.exporters.prometheus.families import Families
 from tests.support.promtext import Exposition
 
 
-def render(renderer: Callable[[Any, Families], None], records: object) -> str:
-    out = Families(catalog())
+def render(
+    renderer: Callable[[Any, Families], None],
+    records: object,
+    selection: MetricSelection = EVERYTHING,
+) -> str:
+    """The records' exposition; every series unless `selection` (a detail level) says less."""
+    out = Families(catalog(), selection)
     renderer(records, out)
     return out.render_text().decode()
 
 
-def scrape(renderer: Callable[[Any, Families], None], records: object) -> Exposition:
-    return Exposition(render(renderer, records))
+def scrape(
+    renderer: Callable[[Any, Families], None],
+    records: object,
+    selection: MetricSelection = EVERYTHING,
+) -> Exposition:
+    return Exposition(render(renderer, records, selection))
 
 
 def promtool_check(text: str) -> None:

@@ -24,6 +24,7 @@ from gpuscope.agent.net.rdma import (
     read_rdma,
 )
 from gpuscope.agent.runtime.sources import SourceRunner, SourceUnavailable
+from gpuscope.exporters.prometheus.detail import MetricSelection
 from gpuscope.exporters.prometheus.families import Families
 from gpuscope.exporters.prometheus.net_devices import render_nic, render_rdma
 from tests.doubles.make_sysfs import MLX5_HW_COUNTERS, gpu_node
@@ -33,7 +34,6 @@ from tests.support.promtext import Exposition
 
 NODE = gpu_node()
 MLX5 = [f"mlx5_{i}" for i in range(8)]
-GOLDEN = GOLDEN_DIR / "nic-rdma.prom"
 
 
 @pytest.fixture(scope="module")
@@ -258,7 +258,9 @@ def test_unreadable_counters_are_omitted_one_by_one(tree: Path) -> None:
     assert got.errors["packet_seq_err"] == 0
     assert got.rate_bytes_per_second is None
     assert got.state is None and got.physical_state == 5
-    assert port1(read_rdma(tree), "mlx5_3").transmit_bytes is not None
+    assert not got.errors_complete  # symbol_error and out_of_sequence: no sum this time
+    other = port1(read_rdma(tree), "mlx5_3")
+    assert other.transmit_bytes is not None and other.errors_complete
 
 
 def test_missing_counter_directories_and_identity_files(tree: Path) -> None:
@@ -390,12 +392,16 @@ def test_agent_exports_both_collectors_from_the_fixture(tree: Path) -> None:
     promtool_check(text)
 
 
-def test_exposition_matches_golden(shared_tree: Path) -> None:
-    """Both collectors on the fixture node, byte for byte. After an intended change:
-    GPUSCOPE_UPDATE_GOLDEN=1 pytest tests/unit/net/test_rdma.py -k golden, and review the diff."""
-    out = Families(catalog())
+@pytest.mark.parametrize(
+    ("golden", "level"), [("nic-rdma.prom", "full"), ("nic-rdma-default.prom", "default")]
+)
+def test_exposition_matches_golden(shared_tree: Path, golden: str, level: str) -> None:
+    """Both collectors on the fixture node, byte for byte, at each detail level. After an
+    intended change: GPUSCOPE_UPDATE_GOLDEN=1 pytest tests/unit/net/test_rdma.py -k golden,
+    and review the diff."""
+    out = Families(catalog(), MetricSelection.from_flags(level))
     render_nic(read_nics(shared_tree), out)
     render_rdma(read_rdma(shared_tree), out)
     text = out.render_text().decode()
-    assert_golden(GOLDEN, text, "exposition")
+    assert_golden(GOLDEN_DIR / golden, text, "exposition")
     promtool_check(text)
