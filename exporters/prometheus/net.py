@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from gpuscope.agent.attribution.records import PodName
+from typing import TYPE_CHECKING
+
 from gpuscope.agent.net.collector import NET, NetOptions
 from gpuscope.agent.net.records import RTT_SLOTS, NetSnapshot, PodNetwork
 from gpuscope.exporters.prometheus.catalog_net import NET_METRICS
-from gpuscope.exporters.prometheus.families import Families
 from gpuscope.exporters.prometheus.render import RenderContext, Renderer
+
+if TYPE_CHECKING:
+    from gpuscope.agent.attribution.records import PodName
+    from gpuscope.exporters.prometheus.families import Families
 
 # Histogram buckets: slot s of the kernel histogram holds srtt in [2^(s-1), 2^s) µs, so its
 # upper bound is 2^s µs. Slots below the first bound fold into it; above the last, +Inf.

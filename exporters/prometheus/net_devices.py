@@ -28,20 +28,23 @@ port_xmit_discards, excessive_buffer_overrun_errors) is an error counter and doe
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
-from gpuscope.agent.hostfs import Reason
 from gpuscope.agent.net.collector import NIC, RDMA
-from gpuscope.agent.net.records import (
-    NicReading,
-    NicSnapshot,
-    RdmaDevice,
-    RdmaPort,
-    RdmaSnapshot,
-)
-from gpuscope.agent.runtime.options import NoOptions
 from gpuscope.exporters.prometheus.catalog_nic import NIC_METRICS, RDMA_METRICS
-from gpuscope.exporters.prometheus.families import Families
 from gpuscope.exporters.prometheus.render import RenderContext, Renderer
+
+if TYPE_CHECKING:
+    from gpuscope.agent.hostfs import Reason
+    from gpuscope.agent.net.records import (
+        NicReading,
+        NicSnapshot,
+        RdmaDevice,
+        RdmaPort,
+        RdmaSnapshot,
+    )
+    from gpuscope.agent.runtime.options import NoOptions
+    from gpuscope.exporters.prometheus.families import Families
 
 Values = Iterable[tuple[str, int | None]]  # (metric or counter, value); None: absent
 
