@@ -5,14 +5,14 @@ For every shipped fake NVML profile (tests/doubles/fakenvml/profiles), both expo
 real processes on one fake node (one state file: the same GPUs, the same utilization
 pattern), each sampling every second, its default:
 
-  * gpuscope: `python -m gpuscope --collectors gpu --labels-mode none` (the GPU collector
+  * gpuscope: `gpuscope --collectors gpu --labels-mode none` (the GPU collector
     alone; node labels are a separate feature nvitop-exporter does not have);
   * nvitop-exporter 1.7.2 (nvitop 1.7.2 and its dependencies, from PyPI, in its own venv
     under build/, installed on first use with this machine's pip configuration).
 
-Before measuring, both are byte-compiled as an installation leaves them (`as_installed`):
-.pyc files for both, and gpuscope's cache of compiled dataclass methods, which its image
-writes at build (agent/codecache.py).
+Both run as installed: nvitop-exporter from its venv, gpuscope from a venv of its own under
+build/ where this checkout is pip-installed as the image installs it, its cache of compiled
+dataclass methods written as the image's build writes it (`install_gpuscope`).
 
 Measured, per run:
 
@@ -59,7 +59,7 @@ NVITOP_VENV = REPO / "build" / f"venv-nvitop-exporter-{NVITOP_VERSION}"
 NVITOP_BIN = NVITOP_VENV / "bin" / "nvitop-exporter"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 QUICK_PROFILES = ("pcie-l40s", "dgx-h100", "dgx-h100-mig")
-PACKAGE_DIRS = ("agent", "exporters", "gpuscope")
+GPUSCOPE_VENV = REPO / "build" / "venv-gpuscope-bench"
 
 
 def ensure_nvitop() -> Path:
@@ -99,28 +99,34 @@ def installed_versions() -> str:
     return ", ".join(f"{r[0]} {r[1]}" for r in rows if r[0] in wanted)
 
 
-def as_installed(nvitop_bin: Path) -> None:
-    """Both byte-compiled as an installation leaves them. pip writes .pyc files for what it
-    installs, and the image also writes gpuscope's cache of compiled dataclass methods
-    (agent/codecache.py). A checkout run under PYTHONDONTWRITEBYTECODE (this VM and CI set
-    it) would otherwise compile every module edited since its .pyc was last written, at
-    every start. `compileall` writes .pyc files whatever that variable says."""
-    compile_all = [sys.executable, "-m", "compileall", "-q"]
-    subprocess.run([*compile_all, *(str(REPO / d) for d in PACKAGE_DIRS)], check=True)
+def install_gpuscope() -> Path:
+    """This checkout installed as the image installs it (daemonset/Dockerfile): the package
+    built from a copy of its sources, pip-installed with the project's constraints into a
+    venv of its own under build/, then `codecache.warm()`. nvitop-exporter is measured as
+    pip installed it too; running gpuscope from the checkout's editable install instead
+    would add its editable finder to every start, and under PYTHONDONTWRITEBYTECODE (this
+    VM and CI set it) the compiling of every module edited since its .pyc was written."""
+    if not (GPUSCOPE_VENV / "bin" / "python").exists():
+        base = getattr(sys, "_base_executable", None) or shutil.which("python3") or sys.executable
+        subprocess.run([base, "-m", "venv", str(GPUSCOPE_VENV)], check=True)
+    python = str(GPUSCOPE_VENV / "bin" / "python")
+    pip = [python, "-m", "pip", "-q", "--disable-pip-version-check"]
+    with tempfile.TemporaryDirectory(prefix="bench-gpuscope-src-") as src_name:
+        src = Path(src_name)
+        for name in ("pyproject.toml", "README.md", "LICENSE", "requirements-dev.txt"):
+            shutil.copy2(REPO / name, src / name)
+        for name in ("agent", "exporters"):
+            shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(REPO / "gpuscope", src / "gpuscope", symlinks=True,
+                        ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+        subprocess.run([*pip, "uninstall", "--yes", "gpuscope"], check=False)
+        subprocess.run(
+            [*pip, "install", "--constraint", str(src / "requirements-dev.txt"), str(src)],
+            check=True,
+        )
     warm = "from gpuscope.agent import codecache; codecache.warm()"
-    subprocess.run([sys.executable, "-c", warm], cwd=REPO, check=True, stdout=subprocess.DEVNULL)
-    python = nvitop_bin.parent / "python"
-    site = subprocess.run(
-        [
-            str(python),
-            "-c",
-            "import nvitop, os; print(os.path.dirname(os.path.dirname(nvitop.__file__)))",
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    subprocess.run([str(python), "-m", "compileall", "-q", site], check=True)
+    subprocess.run([python, "-c", warm], cwd="/", check=True, stdout=subprocess.DEVNULL)
+    return GPUSCOPE_VENV / "bin" / "gpuscope"
 
 
 def free_port() -> int:
@@ -150,13 +156,11 @@ class Exporter:
     is_gpu_series: Callable[[str], bool]
 
 
-def gpuscope_exporter() -> Exporter:
+def gpuscope_exporter(binary: Path) -> Exporter:
     return Exporter(
         "gpuscope",
         lambda port: [
-            sys.executable,
-            "-m",
-            "gpuscope",
+            str(binary),
             "--listen",
             f"127.0.0.1:{port}",
             "--collectors",
@@ -341,10 +345,8 @@ def main() -> int:
         args.profiles = args.profiles or ",".join(QUICK_PROFILES)
     profiles = args.profiles.split(",") if args.profiles else list_profiles()
     ensure_built()
-    nvitop_bin = ensure_nvitop()
-    as_installed(nvitop_bin)
-    nvitop = nvitop_exporter(nvitop_bin)
-    exporters = [gpuscope_exporter(), nvitop]
+    nvitop = nvitop_exporter(ensure_nvitop())
+    exporters = [gpuscope_exporter(install_gpuscope()), nvitop]
     print(f"gpuscope GPU-only vs nvitop-exporter ({installed_versions()})")
     print(f"machine: {machine()}")
     print(

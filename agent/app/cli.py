@@ -132,6 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The start's imports are done: keep the dataclass methods they compiled for the
         # next start and free the cache (agent/codecache.py).
         codecache.release()
+        trim_heap()
         labels = start_labels(config, agent)
         stop.wait()
     finally:
@@ -162,6 +163,21 @@ def limit_malloc_arenas(arenas: int = 1) -> bool:
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int
     return bool(mallopt(M_ARENA_MAX, arenas))
+
+
+def trim_heap() -> bool:
+    """Give the kernel back the heap the start freed (the imports' transient objects, the
+    dataclass-method cache): glibc keeps freed memory below the heap's top until asked
+    (malloc_trim(3)). False where the C library has no malloc_trim (musl)."""
+    import ctypes
+
+    try:
+        malloc_trim = ctypes.CDLL(None).malloc_trim
+    except (AttributeError, OSError):
+        return False
+    malloc_trim.argtypes = (ctypes.c_size_t,)
+    malloc_trim.restype = ctypes.c_int
+    return bool(malloc_trim(0))
 
 
 def start_labels(config: Config, agent: Agent) -> LabelsLoop | None:
