@@ -20,7 +20,8 @@ TOP_FILES = ("Makefile", "pyproject.toml", "CHANGELOG.md", "README.md", "LICENSE
 # Paths the docs name on purpose although they do not exist: the worked example of a new
 # collector in docs/architecture.md ("Adding a collector").
 EXAMPLES = {"agent/disk", "agent/disk/records.py", "agent/disk/source.py",
-            "agent/disk/collector.py", "exporters/prometheus/disk.py", "exporters/prometheus/catalog_disk.py",
+            "agent/disk/collector.py", "exporters/prometheus/disk.py",
+            "exporters/prometheus/catalog_disk.py",
             "tests/unit/disk",
             # docs/architecture.md, "Adding a vendor": AMD's collector, to come (#23)
             "agent/amd/records.py", "agent/amd/source.py", "agent/amd/collector.py",
