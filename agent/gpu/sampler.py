@@ -307,7 +307,10 @@ class Sampler:
         return self._published
 
     def start(self) -> None:
-        self.tick()
+        # Every GPU once, for the first reading's starting point; not the PCIe step, which
+        # blocks 40 ms (nvmlDeviceGetPcieThroughput measures 20 ms each way) and would hold
+        # the agent's first series back by that much: the sampler thread takes it first.
+        self._sample()
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="gpu-sampler", daemon=True)
         self._thread.start()
@@ -338,6 +341,7 @@ class Sampler:
 
     def _run(self) -> None:
         next_at = self._clock.monotonic() + self.interval
+        self._pcie_step()  # the one `start` left out
         while not self._stop.wait(max(0.0, next_at - self._clock.monotonic())):
             self.tick()
             next_at += self.interval
@@ -346,7 +350,12 @@ class Sampler:
                 next_at = now + self.interval
 
     def tick(self) -> None:
-        """Sample every GPU once (in parallel, through the gates) and publish new integrals."""
+        """Sample every GPU once (in parallel, through the gates) and publish new integrals,
+        then read one GPU's PCIe throughput (`_pcie_step`)."""
+        self._sample()
+        self._pcie_step()
+
+    def _sample(self) -> None:
         with self._tick_lock:
             now = self._clock.monotonic()
             wall = self._clock.time()
@@ -384,7 +393,6 @@ class Sampler:
                     log.exception("probing a fenced GPU failed")
             self._published = MappingProxyType(published)
             self._lost = frozenset(lost)
-        self._pcie_step()
 
     def _state(self, device: Device) -> _GpuState:
         uuid = device.identity.uuid
