@@ -478,6 +478,11 @@ class Sampler:
             return
         if isinstance(got, Blocked):
             return
+        if got is None:  # the GPU has no throughput call either: no PCIe bytes at all
+            with self._tick_lock:
+                state.pcie_tx = state.pcie_rx = None
+            log.debug("GPU %d: no PCIe throughput", device.identity.index)
+            return
         tx, rx = got
         now = self._clock.monotonic()
         with self._tick_lock:
@@ -619,17 +624,23 @@ def _probe(nvml: Nvml, h: Any) -> _Caps:
     tx, rx = nvml.field_values(
         h, [(fields.PCIE_COUNT_TX_BYTES, 0), (fields.PCIE_COUNT_RX_BYTES, 0)]
     )
-    integrate_pcie = (tx is None or rx is None) and nvml.supports(
-        "nvmlDeviceGetPcieThroughput", h, NVML_PCIE_UTIL_TX_BYTES
-    )
+    # Without counters, throughput is integrated. Whether the GPU has the call is left to
+    # its first PCIe step (`_pcie_step`): asking costs the 20 ms the call measures over.
+    integrate_pcie = tx is None or rx is None
     integrate_energy = not nvml.supports(
         "nvmlDeviceGetTotalEnergyConsumption", h
     ) and nvml.supports("nvmlDeviceGetPowerUsage", h)
     return _Caps(mode, newest, integrate_pcie, integrate_energy)
 
 
-def _read_pcie(nvml: Nvml, h: Any) -> tuple[Any, Any]:
-    tx = nvml.query("nvmlDeviceGetPcieThroughput", h, NVML_PCIE_UTIL_TX_BYTES)
+def _read_pcie(nvml: Nvml, h: Any) -> tuple[Any, Any] | None:
+    """Throughput both ways, KiB/s; None where the GPU does not have the call."""
+    try:
+        tx = nvml.call("nvmlDeviceGetPcieThroughput", h, NVML_PCIE_UTIL_TX_BYTES)
+    except NvmlCallError as exc:
+        if exc.code in (NOT_SUPPORTED, FUNCTION_NOT_FOUND):
+            return None
+        tx = None  # counted as an error by the call; a later step tries again
     rx = nvml.query("nvmlDeviceGetPcieThroughput", h, NVML_PCIE_UTIL_RX_BYTES)
     return tx, rx
 

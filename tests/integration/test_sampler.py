@@ -4,7 +4,17 @@ the integrators on literal numbers are tests/unit/gpu/test_integrators.py)."""
 
 from __future__ import annotations
 
+import threading
+from pathlib import Path
+
 import pytest
+
+from gpuscope.agent.app.agent import Agent
+from gpuscope.agent.app.config import parse
+from gpuscope.agent.gpu.collector import GPU
+from gpuscope.agent.gpu.sampler import Sampler
+from tests.doubles.fakenvml.control import FakeNvml
+from tests.support import wait_for
 
 # A training-like pattern: compute bursts, an all-reduce stall, a data-loading gap.
 PATTERN = [(7.0, 90.0, 40.0), (5.0, 0.0, 0.0), (11.0, 35.0, 10.0), (3.0, 100.0, 80.0)]
@@ -107,3 +117,65 @@ def test_pcie_throughput_is_read_one_gpu_per_tick_outside_the_tick_lock(
     assert len(calls) == 2 * 16  # TX and RX of one GPU per tick
     assert sorted({gpu for gpu, _ in calls}) == list(range(8))  # every GPU in turn
     assert not any(locked for _, locked in calls)
+
+
+def test_the_start_leaves_pcie_throughput_to_the_sampler_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each nvmlDeviceGetPcieThroughput call measures over 20 ms (nvml.h): asked at start,
+    once to learn that a GPU has it and both ways for the first tick's step, it held the
+    agent's first series back by 40 ms or more (issue #24). The agent's start asks none:
+    every call is the sampler thread's, which takes its first step at once."""
+    import pynvml
+
+    calls: list[int] = []
+    steps: list[str] = []
+    throughput = pynvml.nvmlDeviceGetPcieThroughput
+    step = Sampler._pcie_step
+
+    def counted(handle, counter):  # type: ignore[no-untyped-def]
+        calls.append(pynvml.nvmlDeviceGetIndex(handle))
+        return throughput(handle, counter)
+
+    def noted(self: Sampler) -> None:
+        steps.append(threading.current_thread().name)
+        step(self)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetPcieThroughput", counted)
+    monkeypatch.setattr(Sampler, "_pcie_step", noted)
+    FakeNvml("dgx-h100", tmp_path / "state").activate()
+    config = parse(["--listen", "127.0.0.1:0", "--collectors", "gpu"], env={})
+    agent = Agent(config)
+    try:
+        first = agent.start()  # the first collection, as the first scrape gets it
+        gpus = first.collection.records(GPU)
+        assert gpus is not None and len(gpus.gpus) == 8
+        wait_for(lambda: len(steps) >= 1, timeout=10, what="the sampler's first PCIe step")
+    finally:
+        agent.stop()  # joins the sampler thread: the lists are final
+    assert set(steps) == {"gpu-sampler"}
+    assert len(calls) == 2 * len(steps)  # both ways, in steps only: no probe at start
+
+
+def test_a_gpu_without_counters_or_throughput_call_exports_no_pcie_bytes(
+    inprocess, monkeypatch
+) -> None:
+    """Which GPUs have the throughput call is learnt at their first PCIe step: one answering
+    NOT_SUPPORTED keeps no integrated counters from then on; the others keep theirs."""
+    import pynvml
+
+    throughput = pynvml.nvmlDeviceGetPcieThroughput
+
+    def gpu0_lacks_it(handle, counter):  # type: ignore[no-untyped-def]
+        if pynvml.nvmlDeviceGetIndex(handle) == 0:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return throughput(handle, counter)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetPcieThroughput", gpu0_lacks_it)
+    h = inprocess("dgx-h100", "--metrics-detail", "full")
+    h.advance(8)
+    metrics = h.scrape()
+    assert metrics.get("gpuscope_gpu_pcie_transmit_bytes_total", gpu="0") is None
+    assert metrics.get("gpuscope_gpu_pcie_receive_bytes_total", gpu="0") is None
+    assert metrics.value("gpuscope_gpu_pcie_transmit_bytes_total", gpu="1") >= 0
+    assert metrics.get("gpuscope_nvml_errors_total", function="nvmlDeviceGetPcieThroughput") is None
