@@ -308,8 +308,9 @@ class Sampler:
 
     def start(self) -> None:
         # Every GPU once, for the first reading's starting point; not the PCIe step, which
-        # blocks 40 ms (nvmlDeviceGetPcieThroughput measures 20 ms each way) and would hold
-        # the agent's first series back by that much: the sampler thread takes it first.
+        # holds a GPU's gate for 40 ms (nvmlDeviceGetPcieThroughput measures 20 ms each way)
+        # and so the agent's first collection, which reads that GPU through the same gate:
+        # the sampler thread's first tick, an interval later, takes it.
         self._sample()
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="gpu-sampler", daemon=True)
@@ -341,7 +342,6 @@ class Sampler:
 
     def _run(self) -> None:
         next_at = self._clock.monotonic() + self.interval
-        self._pcie_step()  # the one `start` left out
         while not self._stop.wait(max(0.0, next_at - self._clock.monotonic())):
             self.tick()
             next_at += self.interval

@@ -125,7 +125,7 @@ def test_the_start_leaves_pcie_throughput_to_the_sampler_thread(
     """Each nvmlDeviceGetPcieThroughput call measures over 20 ms (nvml.h): asked at start,
     once to learn that a GPU has it and both ways for the first tick's step, it held the
     agent's first series back by 40 ms or more (issue #24). The agent's start asks none:
-    every call is the sampler thread's, which takes its first step at once."""
+    every call is the sampler thread's, whose first tick takes the first step."""
     import pynvml
 
     calls: list[int] = []
@@ -144,12 +144,14 @@ def test_the_start_leaves_pcie_throughput_to_the_sampler_thread(
     monkeypatch.setattr(pynvml, "nvmlDeviceGetPcieThroughput", counted)
     monkeypatch.setattr(Sampler, "_pcie_step", noted)
     FakeNvml("dgx-h100", tmp_path / "state").activate()
-    config = parse(["--listen", "127.0.0.1:0", "--collectors", "gpu"], env={})
-    agent = Agent(config)
+    # Ticks 3 s apart: the first collection is long done before the first tick's step.
+    flags = ["--listen", "127.0.0.1:0", "--collectors", "gpu", "--sample-interval", "3"]
+    agent = Agent(parse(flags, env={}))
     try:
         first = agent.start()  # the first collection, as the first scrape gets it
         gpus = first.collection.records(GPU)
         assert gpus is not None and len(gpus.gpus) == 8
+        assert calls == []  # the first collection is done: nothing held a GPU's gate for it
         wait_for(lambda: len(steps) >= 1, timeout=10, what="the sampler's first PCIe step")
     finally:
         agent.stop()  # joins the sampler thread: the lists are final
