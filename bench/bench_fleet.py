@@ -495,7 +495,7 @@ def template_values(prom: Prometheus, node: str, elapsed: float, interval: int) 
         "__range": f"{max(int(elapsed), 60)}s",
     }
     return {
-        "gpu-fleet": common,
+        "gpu-fleet": {**common, "vendor": ".*", "model": ".*"},
         "node": {**common, "node": node, "gpu": ".*"},
         "training-job": {
             **common,
