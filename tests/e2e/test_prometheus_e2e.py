@@ -672,6 +672,7 @@ def template_values(
         "cluster": ".*",
         "__rate_interval": RATE_INTERVAL,
         "__interval": f"{SCRAPE_INTERVAL_S}s",
+        "__interval_ms": f"{SCRAPE_INTERVAL_S * 1000}",
         "__range": f"{max(int(elapsed), 2)}s",
     }
     values = {
