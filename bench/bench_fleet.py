@@ -83,8 +83,14 @@ from tests.support.observability import (  # noqa: E402
     label_values_query,
     substitute,
 )
-from tests.support.prometheus_process import PrometheusFailed, launch_prometheus  # noqa: E402
+from tests.support.prometheus_process import (  # noqa: E402
+    PrometheusFailed,
+    launch_prometheus,
+    launch_victoria_metrics,
+)
 
+# A server's own /metrics: {(name, labels): value}.
+Metrics = Mapping[tuple[str, frozenset[tuple[str, str]]], float]
 RULES_DIR = REPO / "daemonset" / "rules"
 # gpuscope's rules, and one of the two DCGM compatibility variants (--dcgm-compat): they
 # record the same names, and loading both would join each DCGM_FI_* rule with both label sets.
@@ -421,9 +427,7 @@ class Prometheus:
         }
 
 
-def one(
-    metrics: Mapping[tuple[str, frozenset[tuple[str, str]]], float], name: str, **match: str
-) -> float:
+def one(metrics: Metrics, name: str, **match: str) -> float:
     """The sum of `name`'s series that carry the labels `match`."""
     return sum(v for (n, labels), v in metrics.items() if n == name and match.items() <= labels)
 
@@ -618,44 +622,13 @@ def time_queries(
 
 
 def start_victoria_metrics(tmp: Path) -> Prometheus:
-    """Debian's VictoriaMetrics single node (1.79), listening on loopback for the
-    Prometheus's remote write (/api/v1/write) and answering the same HTTP query API."""
-    binary = shutil.which("victoria-metrics")
-    if binary is None:
-        raise SystemExit(
-            "victoria-metrics is not installed (scripts/install-deps.sh installs it), "
-            "or run with --no-victoria-metrics"
-        )
-    tmp.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    log = tmp / "victoria-metrics.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [
-                binary,
-                f"-storageDataPath={tmp / 'data'}",
-                f"-httpListenAddr=127.0.0.1:{port}",
-                "-retentionPeriod=1d",
-                "-loggerLevel=WARN",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            text=True,
-            preexec_fn=_die_with_parent,
-        )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(
-                f"victoria-metrics exited {proc.returncode}: {log.read_text()[-2000:]}"
-            )
-        with contextlib.suppress(OSError), urllib.request.urlopen(url + "/health", timeout=2) as r:
-            if r.read().strip() == b"OK":
-                return Prometheus(url, proc, log)
-        time.sleep(0.2)
-    proc.kill()
-    raise SystemExit(f"victoria-metrics not ready after 60 s: {log.read_text()[-2000:]}")
+    """Debian's VictoriaMetrics single node (1.79) on loopback, a remote-write target of the
+    fleet's Prometheus, answering the same HTTP query API."""
+    try:
+        url, proc, log = launch_victoria_metrics(tmp, ready_timeout=60, preexec_fn=_die_with_parent)
+    except PrometheusFailed as exc:
+        raise SystemExit(f"{exc}\n(or run with --no-victoria-metrics)") from None
+    return Prometheus(url, proc, log)
 
 
 def dir_bytes(path: Path) -> int:
@@ -933,11 +906,11 @@ def run(
 
 
 def report_victoria_metrics(
-    v0: Mapping[tuple[str, frozenset[tuple[str, str]]], float],
-    v1: Mapping[tuple[str, frozenset[tuple[str, str]]], float],
-    v2: Mapping[tuple[str, frozenset[tuple[str, str]]], float],
-    m0: Mapping[tuple[str, frozenset[tuple[str, str]]], float],
-    m1: Mapping[tuple[str, frozenset[tuple[str, str]]], float],
+    v0: Metrics,
+    v1: Metrics,
+    v2: Metrics,
+    m0: Metrics,
+    m1: Metrics,
     window: float,
     vm_cores: float,
     vm_rss: float,
@@ -948,9 +921,7 @@ def report_victoria_metrics(
     vm_timed: Sequence[Timed],
     vm_url: str,
 ) -> None:
-    def typed(
-        metrics: Mapping[tuple[str, frozenset[tuple[str, str]]], float], name: str, prefix: str = ""
-    ) -> float:
+    def typed(metrics: Metrics, name: str, prefix: str = "") -> float:
         return sum(
             v
             for (n, labels), v in metrics.items()
@@ -1022,9 +993,9 @@ def report(
     levels: Sequence[str | None],
     level_note: str,
     per_level: Mapping[str | None, Mapping[str, list[tuple[int, int, int]]]],
-    m0: Mapping[tuple[str, frozenset[tuple[str, str]]], float],
-    m1: Mapping[tuple[str, frozenset[tuple[str, str]]], float],
-    m2: Mapping[tuple[str, frozenset[tuple[str, str]]], float],
+    m0: Metrics,
+    m1: Metrics,
+    m2: Metrics,
     window: float,
     prom_base_rss: float,
     prom_rss: float,
