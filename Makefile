@@ -155,9 +155,11 @@ bench: venv fakenvml fakeamdsmi kernel
 	$(PY) bench/server_abuse.py --agent
 	$(PY) bench/bench_vs_nvitop.py --quick
 
-## A fleet on this machine (about 5 minutes; as root, for the simulated nodes' cgroups): Prometheus
-## scraping 50 simulated nodes' agents with every rule loaded (docs/performance.md, docs/scale.md).
-## Not part of `make bench`. `make bench-fleet FLEET_ARGS="--nodes 10 --duration 60"`.
+## A fleet on this machine (about 6 minutes; as root, for the simulated nodes' cgroups): Prometheus
+## scraping 50 simulated nodes' agents with gpuscope's rules and the DCGM compatibility rules,
+## remote-writing to VictoriaMetrics (Debian's, from `make deps`), every dashboard query asked of
+## both (docs/performance.md, docs/scale.md). Not part of `make bench`.
+## `make bench-fleet FLEET_ARGS="--nodes 10 --duration 60"`; `--help` for the rest.
 bench-fleet: venv fakenvml
 	$(PY) bench/bench_fleet.py $(FLEET_ARGS)
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A fleet on one machine: Debian's Prometheus scraping N simulated GPU nodes (issue #15).
+"""A fleet on one machine: Debian's Prometheus scraping N simulated GPU nodes (issues #15, #25).
 
 Each node is a SimNode (tests/doubles/simnode.py: its own fake NVML profile, a kubelet
 PodResources server, an API server double and a few pods that are real processes in
@@ -7,9 +7,11 @@ kubelet-style cgroups) with a fake sysfs tree of NICs and RDMA ports (make_sysfs
 real `gpuscope` agent process (collectors gpu, nic, rdma, kubelet, pods: not net, whose BPF
 compile would cost a core-minute per agent here), its own --node-name and port, and
 --series-node-label true. Prometheus (the binary the e2e tests run) scrapes every agent at
---scrape-interval with every shipped rule file loaded (daemonset/rules/*.yml) and a
-`cluster` target label, and remote-writes to a small HTTP receiver in this process that
-counts the bytes it gets and decodes them (snappy + protobuf) to count the samples.
+--scrape-interval with daemonset/rules/gpuscope.rules.yml and one DCGM compatibility
+variant loaded (--dcgm-compat; never both: they record the same names) and a `cluster`
+target label, and remote-writes to a small HTTP receiver in this process that counts the
+bytes it gets and decodes them (snappy + protobuf) to count the samples, and to Debian's
+VictoriaMetrics single node (unless --no-victoria-metrics).
 
 Printed figures, no assertions:
   * series per node and scrape bytes (plain and gzip) per profile, at each --metrics-detail
@@ -18,13 +20,18 @@ Printed figures, no assertions:
   * Prometheus head series, samples appended per second (prometheus_tsdb_head_samples_
     appended_total over the measuring window), RSS and Go heap in use, per head series;
   * remote-write bytes per sample and per node per second;
-  * the last evaluation time of each rule group;
+  * every evaluation of each rule group over the window (/api/v1/rules, polled: median and
+    max), and the slowest rules of the groups outside gpuscope.rules.yml;
   * the latency of every dashboard query (dashboards/*.json, Grafana variables substituted)
-    through /api/v1/query, median of --tries, and every query that errors.
+    through /api/v1/query, median of --tries, and every query that errors;
+  * VictoriaMetrics: samples ingested per second, bytes per sample on disk, RSS and CPU
+    beside Prometheus's, every dashboard query's latency there, and its answer compared with
+    Prometheus's at the same timestamp (same series, values within 5 %, or how they differ).
 Everything it started goes on exit, on Ctrl-C and on SIGTERM.
 
     .venv/bin/python bench/bench_fleet.py            # 50 nodes, 15 s scrapes, 150 s window
     .venv/bin/python bench/bench_fleet.py --nodes 5 --duration 30   # a quick look
+    .venv/bin/python bench/bench_fleet.py --extra-rules candidate.yml   # A/B a rule change
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ import ctypes
 import http.server
 import itertools
 import json
+import math
 import os
 import re
 import shutil
@@ -76,10 +84,22 @@ from tests.support.observability import (  # noqa: E402
     label_values_query,
     substitute,
 )
-from tests.support.prometheus_process import PrometheusFailed, launch_prometheus  # noqa: E402
+from tests.support.prometheus_process import (  # noqa: E402
+    PrometheusFailed,
+    launch_prometheus,
+    launch_victoria_metrics,
+)
 
-RULE_FILES = sorted((REPO / "daemonset" / "rules").glob("*.yml"))
 UUID_LABEL = re.compile(r'[{,]uuid="([^"]+)"')
+# A server's own /metrics: {(name, labels): value}.
+Metrics = Mapping[tuple[str, frozenset[tuple[str, str]]], float]
+RULES_DIR = REPO / "daemonset" / "rules"
+# gpuscope's rules, and one of the two DCGM compatibility variants (--dcgm-compat): they
+# record the same names, and loading both would join each DCGM_FI_* rule with both label sets.
+DCGM_COMPAT = {
+    "source": RULES_DIR / "dcgm-compat.rules.yml",
+    "exported": RULES_DIR / "dcgm-compat-exported-labels.rules.yml",
+}
 PROFILES = ("dgx-h100", "dgx-h100", "dgx-h100-mig", "hgx-a100-mig", "pcie-l40s", "mixed")
 LEVELS = ("default", "full")
 COLLECTORS = "gpu,nic,rdma,kubelet,pods"
@@ -409,12 +429,22 @@ class Prometheus:
         }
 
 
-def one(metrics: Mapping[tuple[str, frozenset[tuple[str, str]]], float], name: str) -> float:
-    return sum(v for (n, _), v in metrics.items() if n == name)
+def one(metrics: Metrics, name: str, **match: str) -> float:
+    """The sum of `name`'s series that carry the labels `match`."""
+    return sum(v for (n, labels), v in metrics.items() if n == name and match.items() <= labels)
+
+
+def rule_files(args: argparse.Namespace) -> list[Path]:
+    dcgm = [DCGM_COMPAT[args.dcgm_compat]] if args.dcgm_compat in DCGM_COMPAT else []
+    return [RULES_DIR / "gpuscope.rules.yml", *dcgm, *args.extra_rules]
 
 
 def start_prometheus(
-    tmp: Path, targets: Mapping[str, int], interval: int, remote_port: int | None
+    tmp: Path,
+    targets: Mapping[str, int],
+    interval: int,
+    remote_urls: Sequence[str],
+    rules: Sequence[Path],
 ) -> Prometheus:
     """Debian's prometheus (as tests/e2e/test_prometheus_e2e.py runs it), scraping every
     127.0.0.1:<port> as job gpuscope with a `cluster` target label; the agents put `node` on
@@ -425,7 +455,7 @@ def start_prometheus(
             "scrape_timeout": f"{min(interval, 10)}s",
             "evaluation_interval": f"{interval}s",
         },
-        "rule_files": [str(p) for p in RULE_FILES],
+        "rule_files": [str(p) for p in rules],
         "scrape_configs": [
             {
                 "job_name": JOB,
@@ -437,8 +467,8 @@ def start_prometheus(
             }
         ],
     }  # fmt: skip
-    if remote_port is not None:
-        config["remote_write"] = [{"url": f"http://127.0.0.1:{remote_port}/api/v1/write"}]
+    if remote_urls:
+        config["remote_write"] = [{"url": url} for url in remote_urls]
     try:
         url, proc, log = launch_prometheus(
             tmp, config, ready_timeout=60, preexec_fn=_die_with_parent
@@ -499,6 +529,7 @@ def template_values(prom: Prometheus, node: str, elapsed: float, interval: int) 
         "cluster": ".*",
         "__rate_interval": "1m",
         "__interval": f"{interval}s",
+        "__interval_ms": f"{interval * 1000}",
         "__range": f"{max(int(elapsed), 60)}s",
     }
     return {
@@ -514,21 +545,61 @@ def template_values(prom: Prometheus, node: str, elapsed: float, interval: int) 
 
 
 @dataclass
+class RuleTimes:
+    """Every evaluation of every rule group (and rule) seen in /api/v1/rules while polled:
+    Prometheus keeps only the last one, so the window is polled more often than the groups
+    evaluate and each evaluation counted once, by its lastEvaluation timestamp."""
+
+    groups: dict[str, dict[str, float]] = field(default_factory=dict)
+    rules: dict[tuple[str, int], tuple[str, dict[str, float]]] = field(default_factory=dict)
+
+    def poll(self, prom: Prometheus) -> None:
+        data, _ = prom.api("/api/v1/rules")
+        for g in (data or {}).get("groups", []):
+            key = f"{Path(g['file']).name};{g['name']}"
+            when = g.get("lastEvaluation", "")
+            if when.startswith("0001"):
+                continue
+            self.groups.setdefault(key, {})[when] = float(g.get("evaluationTime", 0))
+            for i, r in enumerate(g["rules"]):
+                _, seen = self.rules.setdefault((key, i), (r.get("name", ""), {}))
+                seen[r.get("lastEvaluation", when)] = float(r.get("evaluationTime", 0))
+
+    def group_ms(self) -> dict[str, list[float]]:
+        return {k: [v * 1e3 for v in d.values()] for k, d in self.groups.items()}
+
+    def rule_ms(self, group: str) -> dict[str, float]:
+        """Median evaluation time of each rule of `group`; a name recorded twice (GPU
+        temperature alerts) is the sum of its rules' medians."""
+        out: dict[str, float] = {}
+        for (g, _), (name, d) in self.rules.items():
+            if g == group and d:
+                out[name] = out.get(name, 0.0) + statistics.median(d.values()) * 1e3
+        return out
+
+
+@dataclass
 class Timed:
     query: Query
     expr: str
     median_ms: float
     series: int
     error: str
+    result: Any = None
 
 
 def time_queries(
-    prom: Prometheus, queries: Sequence[Query], values: Mapping[str, Mapping[str, str]], tries: int
+    server: Prometheus,
+    queries: Sequence[Query],
+    values: Mapping[str, Mapping[str, str]],
+    tries: int,
+    at: float,
+    **extra: str,
 ) -> list[Timed]:
-    """Each dashboard query through the HTTP API, median of `tries`; a variable's
-    label_values(selector, label) as Grafana asks it, /api/v1/label/<label>/values."""
+    """Each dashboard query through the HTTP API at time `at`, median of `tries`; a
+    variable's label_values(selector, label) as Grafana asks it, /api/v1/label/<label>/values
+    over the hour before `at`. `extra`: more parameters for every call."""
     out = []
-    now = time.time()
     for q in queries:
         expr = substitute(q.expr, values[q.dashboard])
         times, result, error = [], None, ""
@@ -536,12 +607,12 @@ def time_queries(
             start = time.perf_counter()
             lv = label_values_query(expr) if q.kind == "variable" else None
             if lv is not None:
-                result, error = prom.api(
+                result, error = server.api(
                     f"/api/v1/label/{lv[1]}/values",
-                    **{"match[]": lv[0], "start": f"{now - 3600:.0f}", "end": f"{now:.0f}"},
+                    **{"match[]": lv[0], "start": f"{at - 3600:.0f}", "end": f"{at:.0f}"},
                 )
             else:
-                result, error = prom.api("/api/v1/query", query=expr, time=f"{now:.3f}")
+                result, error = server.api("/api/v1/query", query=expr, time=f"{at:.3f}", **extra)
             times.append((time.perf_counter() - start) * 1e3)
             if error:
                 break
@@ -550,8 +621,84 @@ def time_queries(
             n = len(result)
         elif isinstance(result, dict) and isinstance(result.get("result"), list):
             n = len(result["result"])
-        out.append(Timed(q, expr, statistics.median(times), n, error))
+        out.append(Timed(q, expr, statistics.median(times), n, error, result))
     return out
+
+
+# --- VictoriaMetrics: a distributed store's PromQL, fed by remote write ----------------------
+
+
+def start_victoria_metrics(tmp: Path) -> Prometheus:
+    """Debian's VictoriaMetrics single node (1.79) on loopback, a remote-write target of the
+    fleet's Prometheus, answering the same HTTP query API."""
+    try:
+        url, proc, log = launch_victoria_metrics(tmp, ready_timeout=60, preexec_fn=_die_with_parent)
+    except PrometheusFailed as exc:
+        raise SystemExit(f"{exc}\n(or run with --no-victoria-metrics)") from None
+    return Prometheus(url, proc, log)
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def _normalized(result: Any) -> tuple[dict[frozenset[tuple[str, str]], float], set[str]] | None:
+    """{label set without __name__: value} and the metric names of a query's data (None for
+    label values)."""
+    if not isinstance(result, dict):
+        return None
+    if result.get("resultType") == "scalar":
+        return {frozenset(): float(result["result"][1])}, set()
+    out, names = {}, set()
+    for s in result.get("result", []):
+        metric = dict(s["metric"])
+        names.add(metric.pop("__name__", ""))
+        out[frozenset(metric.items())] = float(s["value"][1])
+    return out, names - {""}
+
+
+def compare(prom: Timed, vm: Timed) -> tuple[str, str]:
+    """(category, detail) of VictoriaMetrics' answer against Prometheus's: error, equal,
+    close (values within 5 %), values (same series, a value further off), ties (other series
+    with the same values: topk among equals), series (the series differ)."""
+    if vm.error:
+        return "error", vm.error
+    a, b = _normalized(prom.result), _normalized(vm.result)
+    if a is None or b is None:
+        left, right = set(prom.result or []), set(vm.result or [])
+        if left == right:
+            return "equal", ""
+        return "series", f"values only in Prometheus {sorted(left - right)[:3]}, " + (
+            f"only in VictoriaMetrics {sorted(right - left)[:3]}"
+        )
+    (pa, pnames), (va, vnames) = a, b
+    if set(pa) != set(va) and sorted(pa.values()) == sorted(va.values()):
+        return "ties", (
+            f"{len(set(pa) - set(va))} of {len(pa)} series differ, with the same values: "
+            "another pick among equal values (topk, bottomk)"
+        )
+    if set(pa) != set(va):
+        only_p, only_v = set(pa) - set(va), set(va) - set(pa)
+        detail = f"{len(pa)} series in Prometheus, {len(va)} in VictoriaMetrics"
+        if only_p:
+            detail += f"; only in Prometheus e.g. {dict(sorted(next(iter(only_p))))}"
+        if only_v:
+            detail += f"; only in VictoriaMetrics e.g. {dict(sorted(next(iter(only_v))))}"
+        return "series", detail
+    worst, where = 0.0, frozenset()
+    for key, pv in pa.items():
+        vv = va[key]
+        if math.isnan(pv) and math.isnan(vv):
+            continue
+        diff = abs(pv - vv) / max(abs(pv), abs(vv), 1e-12)
+        if diff > worst:
+            worst, where = diff, key
+    names = "" if pnames == vnames else f"; names {sorted(pnames)} / {sorted(vnames)}"
+    if worst <= 1e-6:
+        return "equal", names.lstrip("; ")
+    detail = (f"max relative difference {worst:.1%} at {dict(sorted(where))}: "
+              f"{pa[where]:.6g} / {va[where]:.6g}{names}")  # fmt: skip
+    return ("close" if worst <= 0.05 else "values"), detail
 
 
 def pct(values: Sequence[float], p: float) -> float:
@@ -573,6 +720,25 @@ def main() -> None:
     )
     ap.add_argument("--tries", type=int, default=3, help="runs of each dashboard query")
     ap.add_argument("--no-remote-write", action="store_true")
+    ap.add_argument(
+        "--no-victoria-metrics",
+        action="store_true",
+        help="remote-write to the counting receiver only, not also to VictoriaMetrics",
+    )
+    ap.add_argument(
+        "--dcgm-compat",
+        choices=[*DCGM_COMPAT, "none"],
+        default="source",
+        help="the DCGM compatibility variant loaded beside gpuscope.rules.yml (never both)",
+    )
+    ap.add_argument(
+        "--extra-rules",
+        type=Path,
+        action="append",
+        default=[],
+        help="another rule file to load (a candidate beside the shipped rules: its records "
+        "must have names of their own)",
+    )
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args()
 
@@ -617,14 +783,22 @@ def run(
     for agent in agents:
         stack.callback(agent.stop)
     remote: Receiver | None = None
-    remote_port = None
+    remote_urls: list[str] = []
+    vm: Prometheus | None = None
     if not args.no_remote_write:
         remote, remote_port = stack.enter_context(receiver())
+        remote_urls.append(f"http://127.0.0.1:{remote_port}/api/v1/write")
+        args.receiver_url = remote_urls[0]
+        if not args.no_victoria_metrics:
+            vm = start_victoria_metrics(work / "victoria-metrics")
+            stack.callback(stop_process, vm.proc)
+            remote_urls.append(f"{vm.url}/api/v1/write")
     prom = start_prometheus(
         work / "prometheus",
         {node.node_name: a.port for (_, node), a in zip(nodes, agents, strict=True)},
         args.scrape_interval,
-        remote_port,
+        remote_urls,
+        rule_files(args),
     )
     stack.callback(stop_process, prom.proc)
     prom_base_rss = proc_rss_mb(prom.proc.pid)[0]
@@ -645,8 +819,14 @@ def run(
     r0 = remote.snapshot() if remote else {}
     cpu0 = {a.proc.pid: proc_cpu_seconds(a.proc.pid) for a in agents}
     cpu0[prom.proc.pid] = proc_cpu_seconds(prom.proc.pid)
+    v0 = vm.own_metrics() if vm else {}
+    if vm:
+        cpu0[vm.proc.pid] = proc_cpu_seconds(vm.proc.pid)
     print(f"measuring for {args.duration:.0f} s ...", flush=True)
-    time.sleep(args.duration)
+    rule_times = RuleTimes()
+    while time.monotonic() - t0 < args.duration:
+        rule_times.poll(prom)
+        time.sleep(min(args.scrape_interval / 3, max(0.0, args.duration - time.monotonic() + t0)))
     m1, t1 = prom.own_metrics(), time.monotonic()
     r1 = remote.snapshot() if remote else {}
     window = t1 - t0
@@ -654,6 +834,9 @@ def run(
     prom_cores = (proc_cpu_seconds(prom.proc.pid) - cpu0[prom.proc.pid]) / window
     prom_rss = proc_rss_mb(prom.proc.pid)[0]
     agent_rss = [proc_rss_mb(a.proc.pid)[0] for a in agents]
+    v1 = vm.own_metrics() if vm else {}
+    vm_cores = (proc_cpu_seconds(vm.proc.pid) - cpu0[vm.proc.pid]) / window if vm else 0.0
+    vm_rss = proc_rss_mb(vm.proc.pid)[0] if vm else 0.0
 
     # Series and bytes per node, per profile, at each level.
     per_level: dict[str | None, dict[str, list[tuple[int, int, int]]]] = {fleet_level: {}}
@@ -679,8 +862,12 @@ def run(
                 extra.stop()
 
     # Dashboard queries at this scale.
+    # Both stores answer at one timestamp, old enough for remote write to have delivered it
+    # (VictoriaMetrics also hides the last 30 s by default: -search.latencyOffset).
     values = template_values(prom, nodes[0][1].node_name, t1 - t_begin, args.scrape_interval)
-    timed = time_queries(prom, all_queries(), values, args.tries)
+    at = time.time() - max(45, 2 * args.scrape_interval)
+    timed = time_queries(prom, all_queries(), values, args.tries, at)
+    vm_timed = time_queries(vm, all_queries(), values, args.tries, at, nocache="1") if vm else []
     m2 = prom.own_metrics()
     rules, error = prom.api("/api/v1/rules")
     unhealthy = [
@@ -691,7 +878,32 @@ def run(
     ] + ([f"/api/v1/rules: {error}"] if error else [])
 
     report(args, nodes, levels, level_note, per_level, m0, m1, m2, window, prom_base_rss,
-           prom_rss, prom_cores, agent_cores, agent_rss, r0, r1, timed, unhealthy)  # fmt: skip
+           prom_rss, prom_cores, agent_cores, agent_rss, r0, r1, timed, unhealthy,
+           rule_times)  # fmt: skip
+    if vm:
+        with contextlib.suppress(OSError):  # its in-memory rows to parts on disk
+            urllib.request.urlopen(vm.url + "/internal/force_flush", timeout=60).close()
+        disk = {
+            "prometheus": (dir_bytes(work / "prometheus" / "data"),
+                           one(m2, "prometheus_tsdb_head_samples_appended_total")),
+            "victoria-metrics": (dir_bytes(work / "victoria-metrics" / "data"), 0.0),
+        }  # fmt: skip
+        report_victoria_metrics(
+            v0,
+            v1,
+            vm.own_metrics(),
+            m0,
+            m1,
+            window,
+            vm_cores,
+            vm_rss,
+            prom_cores,
+            prom_rss,
+            disk,
+            timed,
+            vm_timed,
+            f"{vm.url}/api/v1/write",
+        )
     print(f"\nseries of one {profiles[0]} node by metric group, at each level")
     names = sorted({g for c in groups.values() for g in c},
                    key=lambda g: -max(c[g] for c in groups.values()))  # fmt: skip
@@ -700,15 +912,97 @@ def run(
         print(f"  {name:<28}" + "".join(f"{c[name]:>9}" for c in groups.values()))
 
 
+def report_victoria_metrics(
+    v0: Metrics,
+    v1: Metrics,
+    v2: Metrics,
+    m0: Metrics,
+    m1: Metrics,
+    window: float,
+    vm_cores: float,
+    vm_rss: float,
+    prom_cores: float,
+    prom_rss: float,
+    disk: Mapping[str, tuple[int, float]],
+    timed: Sequence[Timed],
+    vm_timed: Sequence[Timed],
+    vm_url: str,
+) -> None:
+    def typed(metrics: Metrics, name: str, prefix: str = "") -> float:
+        return sum(
+            v
+            for (n, labels), v in metrics.items()
+            if n == name and dict(labels).get("type", "").startswith(prefix)
+        )
+
+    ingested = (one(v1, "vm_rows_inserted_total") - one(v0, "vm_rows_inserted_total")) / window
+    queue = {"url": vm_url}
+    sent = (
+        one(m1, "prometheus_remote_storage_samples_total", **queue)
+        - one(m0, "prometheus_remote_storage_samples_total", **queue)
+    ) / window
+    rows = typed(v2, "vm_rows", "storage/")
+    data = typed(v2, "vm_data_size_bytes")
+    samples_only = typed(v2, "vm_data_size_bytes", "storage/")
+    vm_dir, _ = disk["victoria-metrics"]
+    prom_dir, appended = disk["prometheus"]
+    print("\nVictoriaMetrics 1.79 (single node, Debian), fed by the same Prometheus's remote write")
+    print(
+        f"  samples ingested per second   {ingested:,.0f} (vm_rows_inserted_total; Prometheus "
+        f"sent {sent:,.0f} a second to it)"
+    )
+    print(
+        f"  on disk                       {data / 1e6:.1f} MB (vm_data_size_bytes, index "
+        f"{typed(v2, 'vm_data_size_bytes', 'indexdb') / 1e6:.1f} MB) for {rows:,.0f} rows: "
+        f"{data / max(rows, 1):.2f} B a sample, {samples_only / max(rows, 1):.2f} without the "
+        f"index; the directory {vm_dir / 1e6:.1f} MB"
+    )
+    print(
+        f"  Prometheus on disk            {prom_dir / 1e6:.1f} MB (WAL and head chunks) for "
+        f"{appended:,.0f} samples appended: {prom_dir / max(appended, 1):.2f} B a sample"
+    )
+    print(
+        f"  RSS                           {vm_rss:.0f} MB "
+        f"(process_resident_memory_bytes {one(v2, 'process_resident_memory_bytes') / 1e6:.0f} MB)"
+        f"; Prometheus {prom_rss:.0f} MB"
+    )
+    print(
+        f"  CPU                           {vm_cores:.3f} cores; Prometheus {prom_cores:.3f} "
+        "(scraping and rules too)"
+    )
+
+    results = [(p, v, *compare(p, v)) for p, v in zip(timed, vm_timed, strict=True)]
+    by = Counter(r[2] for r in results)
+    print(
+        f"\ndashboard queries in VictoriaMetrics: {len(results)}, errors {by['error']}; against "
+        f"Prometheus at the same timestamp: equal {by['equal']}, within 5 % {by['close']}, "
+        f"values further off {by['values']}, other picks among ties {by['ties']}, "
+        f"series differ {by['series']}"
+    )
+    ok = [v.median_ms for v in vm_timed if not v.error]
+    pms = [p.median_ms for p in timed if not p.error]
+    if ok and pms:
+        print(
+            f"  latency median {statistics.median(ok):.1f} ms, p90 {pct(ok, 0.9):.1f} ms, max "
+            f"{max(ok):.1f} ms, sum {sum(ok) / 1e3:.2f} s (Prometheus: "
+            f"{statistics.median(pms):.1f} / {pct(pms, 0.9):.1f} / {max(pms):.1f} ms, "
+            f"{sum(pms) / 1e3:.2f} s)"
+        )
+    for category in ("error", "series", "values", "ties", "close"):
+        for p, _, cat, detail in results:
+            if cat == category:
+                print(f"  {cat.upper():<6} {p.query.where}: {detail}\n         {p.expr}")
+
+
 def report(
     args: argparse.Namespace,
     nodes: Sequence[tuple[str, SimNode]],
     levels: Sequence[str | None],
     level_note: str,
     per_level: Mapping[str | None, Mapping[str, list[tuple[int, int, int]]]],
-    m0: Mapping[tuple[str, frozenset[tuple[str, str]]], float],
-    m1: Mapping[tuple[str, frozenset[tuple[str, str]]], float],
-    m2: Mapping[tuple[str, frozenset[tuple[str, str]]], float],
+    m0: Metrics,
+    m1: Metrics,
+    m2: Metrics,
     window: float,
     prom_base_rss: float,
     prom_rss: float,
@@ -719,10 +1013,11 @@ def report(
     r1: Mapping[str, int],
     timed: Sequence[Timed],
     unhealthy: Sequence[str],
+    rule_times: RuleTimes,
 ) -> None:
     n = len(nodes)
     print(f"\n== fleet: {n} nodes, scrape interval {args.scrape_interval} s, window "
-          f"{window:.0f} s, rule files {', '.join(p.name for p in RULE_FILES)}")  # fmt: skip
+          f"{window:.0f} s, rule files {', '.join(p.name for p in rule_files(args))}")  # fmt: skip
     if level_note:
         print(f"   ({level_note})")
     print("\nseries per node and /metrics bytes (median over the nodes of a profile)")
@@ -762,11 +1057,12 @@ def report(
 
     if r1:
         d = {k: r1[k] - r0[k] for k in r1}
-        sent = one(m1, "prometheus_remote_storage_samples_total") - one(
-            m0, "prometheus_remote_storage_samples_total"
+        queue = {"url": args.receiver_url}  # not VictoriaMetrics' queue
+        sent = one(m1, "prometheus_remote_storage_samples_total", **queue) - one(
+            m0, "prometheus_remote_storage_samples_total", **queue
         )
-        sent_bytes = one(m1, "prometheus_remote_storage_bytes_total") - one(
-            m0, "prometheus_remote_storage_bytes_total"
+        sent_bytes = one(m1, "prometheus_remote_storage_bytes_total", **queue) - one(
+            m0, "prometheus_remote_storage_bytes_total", **queue
         )
         samples = d["samples"] or sent
         print("\nremote write (to a receiver in this process, queue_config defaults)")
@@ -783,22 +1079,28 @@ def report(
             print(f"  prometheus_remote_storage_bytes_total {sent_bytes / window / 1e3:,.1f} KB/s"
                   f" = {sent_bytes / samples:.2f} B a sample")  # fmt: skip
 
-    print("\nrule groups: last evaluation")
-    groups = {
-        dict(labels)["rule_group"]: v
-        for (name, labels), v in m2.items()
-        if name == "prometheus_rule_group_last_duration_seconds"
-    }
     samples_of = {
         dict(labels)["rule_group"]: v
         for (name, labels), v in m2.items()
         if name == "prometheus_rule_group_last_evaluation_samples"
     }
-    for group, seconds in sorted(groups.items(), key=lambda kv: -kv[1]):
-        print(f"  {seconds * 1e3:8.1f} ms  {samples_of.get(group, 0):>7,.0f} samples  "
-              f"{group.split(';')[-1]} ({Path(group.split(';')[0]).name})")  # fmt: skip
-    print(f"  sum {sum(groups.values()) * 1e3:.1f} ms an evaluation interval; "
+    group_ms = rule_times.group_ms()
+    print(f"\nrule groups: evaluation time over the window ({len(group_ms)} groups; median, "
+          "max and number of evaluations)")  # fmt: skip
+    for group, ms in sorted(group_ms.items(), key=lambda kv: -statistics.median(kv[1])):
+        file, name = group.split(";")
+        samples = next((v for k, v in samples_of.items() if k.endswith(f"{file};{name}")), 0)
+        print(f"  {statistics.median(ms):8.1f} ms  max {max(ms):8.1f} ms  n {len(ms):>3}  "
+              f"{samples:>7,.0f} samples  {name} ({file})")  # fmt: skip
+    medians = [statistics.median(ms) for ms in group_ms.values()]
+    print(f"  sum of the medians {sum(medians):.1f} ms an evaluation interval; "
           f"{len(unhealthy)} rules not healthy")  # fmt: skip
+    for group in sorted(g for g in group_ms if "gpuscope.rules.yml" not in g):
+        top = sorted(rule_times.rule_ms(group).items(), key=lambda kv: -kv[1])
+        print(
+            f"  slowest rules of {group.split(';')[1]} (median ms): "
+            + ", ".join(f"{name} {ms:.1f}" for name, ms in top[:6])
+        )
     for line in unhealthy:
         print(f"  UNHEALTHY {line}")
 

@@ -8,6 +8,7 @@ packages=(
   python3-venv      # the project's virtual environment
   python3-dev
   prometheus        # promtool (golden files are linted) and a real Prometheus server for e2e tests
+  victoria-metrics  # `make bench-fleet`: a second store that Prometheus remote-writes to
   python3-bpfcc     # bcc: the eBPF network probes (pure Python over libbcc)
   linux-headers-amd64  # a kernel header tree for bcc (the running kernel may have none)
   iperf3            # traffic for the network tests and benchmarks
@@ -34,7 +35,10 @@ echo "install-deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-# Debian starts the prometheus service on install; gpuscope's tests start their own on loopback.
-if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet prometheus 2>/dev/null; then
-  systemctl stop prometheus || true
-fi
+# Debian starts the prometheus and victoria-metrics services on install; gpuscope's tests and
+# benchmarks start their own on loopback.
+for service in prometheus victoria-metrics; do
+  if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet "$service" 2>/dev/null; then
+    systemctl stop "$service" || true
+  fi
+done

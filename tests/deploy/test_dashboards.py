@@ -34,7 +34,9 @@ EXPECTED = {  # file stem -> uid: links and provisioning depend on the uids neve
 PANEL_TYPES = {"timeseries", "stat", "table", "bargauge", "heatmap", "row"}
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 # Panels that deliberately total over the whole dashboard range ([$__range]) rather than
-# rate over $__rate_interval: totals and straggler rankings for the time picked.
+# rate over $__rate_interval: totals and straggler rankings for the time picked. Over a
+# recorded rate (the fleet's GPU-hours), the total is a subquery at Grafana's step,
+# [$__range:$__interval], each step's rate times $__interval_ms.
 RANGE_PANELS = {
     ("gpu-fleet", "GPU-hours wasted"),
     ("gpu-fleet", "GPU-hours wasted by namespace"),
@@ -48,6 +50,7 @@ RANGE_PANELS = {
     ("training-job", "GPU-hours busy, SMs idle by cause"),
     ("training-job", "Stragglers"),
 }
+RANGE_WINDOWS = ("$__range", "$__range:$__interval")
 # Values for a static parse only (the e2e test substitutes values read from the data).
 SAMPLE_VALUES = {
     "cluster": ".*",
@@ -59,6 +62,7 @@ SAMPLE_VALUES = {
     "workload": "llama-ft",
     "__rate_interval": "1m",
     "__interval": "15s",
+    "__interval_ms": "15000",
     "__range": "6h",
 }
 
@@ -181,7 +185,7 @@ def test_every_range_is_the_rate_interval_or_a_deliberate_dashboard_range() -> N
         for window in re.findall(r"\[([^\]]*)\]", q.expr):
             if window == "$__rate_interval":
                 continue
-            if window == "$__range" and (q.dashboard, q.panel) in RANGE_PANELS:
+            if window in RANGE_WINDOWS and (q.dashboard, q.panel) in RANGE_PANELS:
                 used_range.add((q.dashboard, q.panel))
                 if not q.instant:
                     problems.append(f"{q.where}: [$__range] in a range query (totals are instant)")

@@ -273,7 +273,8 @@ def test_the_cluster_label_name_is_one_constant(tmp_path: Path) -> None:
         )
     values = {"cluster": ".*", "node": "n", "gpu": ".*", "namespace": "a", "workload": "w"}
     values |= {"vendor": ".*", "model": ".*"}
-    values |= {"__rate_interval": "1m", "__interval": "15s", "__range": "6h"}
+    values |= {"__rate_interval": "1m", "__interval": "15s", "__interval_ms": "15000"}
+    values |= {"__range": "6h"}
     exprs = {}
     for name, d in docs.items():
         for q in queries(name, d):

@@ -174,7 +174,7 @@ SCRAPE_JOIN_LABELS = frozenset({"job", "instance"})
 DCGM_MIG_LABELS = frozenset({"GPU_I_ID", "GPU_I_PROFILE"})
 DCGM_GPU_LABELS = "gpu_pod:gpuscope_gpu_dcgm_labels:info"
 DCGM_MIG_LABELS_RULE = "gpu_instance:gpuscope_mig_dcgm_labels:info"
-DCGM_LABEL_JOIN = f"* on (job, instance, UUID) group_right () {DCGM_GPU_LABELS}"
+DCGM_LABEL_JOIN = f"* on (job, instance, gpu) group_right () {DCGM_GPU_LABELS}"
 DCGM_MIG_JOIN = f"* on (job, instance, mig_uuid) group_right () {DCGM_MIG_LABELS_RULE}"
 # A rule derived from a DCGM_FI_* series recorded earlier in the group, by a unit factor
 # (the pre-3.3.7 PCIe names, KiB/s of the bytes per second): it inherits that one's labels.
@@ -258,6 +258,39 @@ def test_every_compat_series_gets_dcgm_exporters_labels_from_the_joins(variant: 
             assert gpu_term.endswith(DCGM_LABEL_JOIN), r["record"]
             assert not mig_term or mig_term.endswith(f"{DCGM_MIG_JOIN} )"), r["record"]
         seen.append(r["record"])
+
+
+# One series per GPU whatever its other labels: they describe the GPU.
+PER_GPU_INFO = frozenset({"gpuscope_gpu_info"})
+
+
+@VARIANT_PARAMS
+def test_every_compat_source_series_is_unique_per_gpu_or_mig_device(variant: Path) -> None:
+    """The DCGM_FI_* terms join the agent's series as they are, with no aggregation first
+    (docs/performance.md, #25): that is only safe while each selector picks one series per
+    (job, instance, gpu), or per (job, instance, mig_uuid) in a MIG term. So every label the
+    agent's catalog gives a source beyond gpu, uuid and mig_uuid must be pinned by an
+    equality matcher of the selector; a new label on a source family fails here, not in a
+    cluster with a many-to-many error."""
+    catalog = known_series()
+    identity = {"gpu", "uuid", "mig_uuid"} | SCRAPE_JOIN_LABELS | {"node", "cluster"}
+    problems = []
+    for r in dcgm.compat_rules(variant):
+        if not r["record"].startswith("DCGM_FI_"):
+            continue
+        expr = " ".join(r["expr"].split())
+        for metric, _ in selectors(expr):
+            if not metric.startswith("gpuscope_") or metric in PER_GPU_INFO:
+                continue
+            pinned = {
+                m.group(1)
+                for sel in re.findall(rf"\b{metric}\{{([^}}]*)\}}", expr)
+                for m in re.finditer(r'(\w+)="[^"]*"', sel)
+            }
+            loose = catalog[metric] - identity - pinned
+            if loose:
+                problems.append(f"{r['record']}: {metric} not unique per GPU: {sorted(loose)}")
+    assert not problems, "\n".join(problems)
 
 
 def test_the_exported_variant_renames_the_holders_and_nothing_else() -> None:

@@ -582,7 +582,8 @@ def _vendor_only() -> dict[str, frozenset[str]]:
     exposition at the default detail level (tests/golden/amd-*.prom: every fake AMD profile)
     has a sample (so gpuscope_gpu_throttle_reasons, which AMD GPUs serve at full detail only,
     beside their gpuscope_gpu_throttle_seconds_total), the
-    attribution families fed by SM activity, and the series recorded from any of these."""
+    attribution families fed by SM activity, and, for both, the series recorded from any of
+    these."""
     nvidia_r, amd_r = renderer_of(BY_NAME["gpu"]), renderer_of(BY_NAME["amd"])
     assert nvidia_r is not None and amd_r is not None
     amd_seen = {  # families with samples (an empty one keeps its HELP and TYPE lines)
@@ -593,11 +594,12 @@ def _vendor_only() -> dict[str, frozenset[str]]:
         if line and not line.startswith("#")
     }
     nvidia = {m.name for m in nvidia_r.metrics} - amd_seen | SM_ACTIVITY_DERIVED
+    amd = {m.name for m in amd_r.metrics} - {m.name for m in nvidia_r.metrics}
     for _ in range(3):  # recording rules of recorded series
         for rule in recording_rules():
-            if any(m in nvidia for m, _labels in selectors(rule["expr"])):
-                nvidia.add(rule["record"])
-    amd = {m.name for m in amd_r.metrics} - {m.name for m in nvidia_r.metrics}
+            for families in (nvidia, amd):
+                if any(m in families for m, _labels in selectors(rule["expr"])):
+                    families.add(rule["record"])
     return {"nvidia": frozenset(nvidia), "amd": frozenset(amd)}
 
 
@@ -672,6 +674,7 @@ def template_values(
         "cluster": ".*",
         "__rate_interval": RATE_INTERVAL,
         "__interval": f"{SCRAPE_INTERVAL_S}s",
+        "__interval_ms": f"{SCRAPE_INTERVAL_S * 1000}",
         "__range": f"{max(int(elapsed), 2)}s",
     }
     values = {

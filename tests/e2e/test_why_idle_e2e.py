@@ -136,6 +136,7 @@ def test_why_idle_panels_and_the_gang_rule_return_data(
                 "__rate_interval": "4s",
                 "__range": "30s",
                 "__interval": "1s",
+                "__interval_ms": "1000",
             }
             queries = [q for q in all_queries() if (q.dashboard, q.panel) in PANELS]
             assert {(q.dashboard, q.panel) for q in queries} == PANELS

@@ -153,7 +153,8 @@ def selectors(expr: str) -> list[tuple[str, set[str]]]:
 
     Understands enough PromQL for the dashboards and rules: strings, label matchers, range
     and subquery brackets, label lists after by/without/on/ignoring/group_left/group_right,
-    function calls, keywords, numbers and durations. `label_values(sel, label)` counts as sel.
+    function calls, keywords, numbers, durations and Grafana variables in a number's place.
+    `label_values(sel, label)` counts as sel.
     """
     lv = label_values_query(expr)
     if lv:
@@ -172,7 +173,7 @@ def selectors(expr: str) -> list[tuple[str, set[str]]]:
             out.append(("", _matcher_labels(text[i + 1 : end])))
             i = end + 1
             continue
-        m = _NUMBER.match(text, i)
+        m = _NUMBER.match(text, i) or _VAR.match(text, i)  # a Grafana variable is a number
         if m:
             i = m.end()
             continue
