@@ -76,7 +76,7 @@ from tests.doubles.fakenvml.control import FakeNvml, ensure_built, load_profile 
 from tests.doubles.kube_apiserver import owner_reference  # noqa: E402
 from tests.doubles.make_sysfs import write_tree  # noqa: E402
 from tests.doubles.netlab import cgroup_v2_root  # noqa: E402
-from tests.doubles.simnode import GIB, ContainerSpec, SimNode  # noqa: E402
+from tests.doubles.simnode import GIB, ContainerSpec, SimNode, pytorchjob_pod  # noqa: E402
 from tests.support import GPUSCOPE, AgentProcess, free_port, sim_node_args  # noqa: E402
 from tests.support.observability import (  # noqa: E402
     Query,
@@ -151,13 +151,7 @@ def build_pods(node: SimNode, index: int) -> int:
             "ml-team",
             f"{job}-worker-{rank}",
             containers=[ContainerSpec("pytorch", gpus=held, gpu_memory_bytes=60 * GIB, sm_util=90)],
-            labels={
-                "training.kubeflow.org/job-name": job,
-                "training.kubeflow.org/operator-name": "pytorchjob-controller",
-                "training.kubeflow.org/replica-type": "worker",
-                "training.kubeflow.org/replica-index": str(rank),
-            },
-            owners=[owner_reference("PyTorchJob", job, api_version="kubeflow.org/v1")],
+            **pytorchjob_pod(job, rank),
         )
         pods += 1
     rest = gpus[RANKS_PER_JOB_NODE * share :]

@@ -18,6 +18,12 @@ storage's rate while its GPU idles (block I/O, I/O pressure, idle cause `input_i
 notebook over its CPU limit (throttling, idle cause `cpu`). Their cgroups are made where a
 kubelet makes them, in the v1 cpu and blkio hierarchies too on a hybrid host
 (tests/doubles/podcgroups.py), and go with every process at exit, Ctrl-C included.
+
+`--scenario straggler` runs two synchronous data-parallel jobs of four ranks instead, each
+with one rank starved by its data loader (tests/doubles/simnode.py, `straggler_job`): by its
+storage on GPUs 0-3, by its CPU limit on GPUs 4-7. The per-pod tables show the starved
+rank's stall beside its peers'; a Prometheus with the shipped rules scraping the demo's
+/metrics fires TrainingJobStraggler for those two ranks (tests/e2e/test_straggler_e2e.py).
 """
 
 from __future__ import annotations
@@ -47,7 +53,13 @@ from tests.doubles.fakenvml.control import FakeNvml  # noqa: E402
 from tests.doubles.kube_apiserver import owner_reference  # noqa: E402
 from tests.doubles.podcgroups import block_device_file  # noqa: E402
 from tests.doubles.simgpus import GpuBackend, backend_for  # noqa: E402
-from tests.doubles.simnode import ContainerSpec, SimNode  # noqa: E402
+from tests.doubles.simnode import (  # noqa: E402
+    STARVED_CPUS,
+    STARVED_READ_BPS,
+    ContainerSpec,
+    SimNode,
+    straggler_job,
+)
 from tests.support.promtext import Exposition  # noqa: E402
 
 GIB = 2**30
@@ -77,6 +89,17 @@ GPU 6: a notebook whose CPU-bound cell runs over its {NOTEBOOK_CPUS * 1000:.0f}m
 GPU 7: Job embed-shards, its loader reading with O_DIRECT at the storage's {READ_BPS / MB:.0f} MB/s
   while the GPU waits: block I/O, I/O pressure, idle cause input_io. And a stray host
   process holding 3 GiB."""
+
+STRAGGLER_STORY = f"""\
+Two synchronous data-parallel PyTorchJobs of four ranks, one GPU each, talking in a ring;
+one rank of each holds the job back (its GPU 55 % busy, its peers 92 %: spinning in the
+all-reduce while they wait):
+GPUs 0-3: ml-team/llama-ft. worker-3's data loader reads with O_DIRECT at the
+  {STARVED_READ_BPS / MB:.0f} MB/s its storage allows: its I/O stall stands out from its peers'.
+GPUs 4-7: ml-team/bert-ft. worker-1's loader runs over its {STARVED_CPUS * 1000:.0f}m CPU limit:
+  throttled, its CPU stall stands out.
+Scraped by a Prometheus with the shipped rules, TrainingJobStraggler fires for those two
+ranks (causes input_io and cpu), and for no other, within about 4 minutes."""
 
 
 def add_rank(node: SimNode, rtype: str, gpus: list[int], mem_gib: int, sm_util: float) -> None:
@@ -141,6 +164,19 @@ def build_pods(node: SimNode, shard: Path | None) -> None:
         owners=[job],
     )  # fmt: skip
     node.host_process(7, 3 * GIB)  # a stray process outside Kubernetes beside the loader
+    for sim in node.pods.values():
+        for note in sim.notes:
+            print(f"demo: {sim.key}: {note}", file=sys.stderr)
+
+
+def build_straggler_pods(node: SimNode, shard: Path | None) -> None:
+    """--scenario straggler: two jobs of four ranks, one starved rank each (STRAGGLER_STORY);
+    without a file on a disk for the loader, both starved by CPU."""
+    if shard is not None:
+        straggler_job(node, job="llama-ft", gpus=(0, 1, 2, 3), straggler=3, read_file=shard)
+    else:
+        straggler_job(node, job="llama-ft", gpus=(0, 1, 2, 3), straggler=3, starve="cpu")
+    straggler_job(node, job="bert-ft", gpus=(4, 5, 6, 7), straggler=1, starve="cpu")
     for sim in node.pods.values():
         for note in sim.notes:
             print(f"demo: {sim.key}: {note}", file=sys.stderr)
@@ -531,6 +567,11 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=0, help="seconds; 0 = until Ctrl-C")
     parser.add_argument("--every", type=float, default=5.0, help="seconds between tables")
     parser.add_argument(
+        "--scenario", choices=("node", "straggler"), default="node",
+        help="node: the mixed node of the story below; straggler: two training jobs, one rank "
+        "of each starved by its data loader (TrainingJobStraggler)",
+    )  # fmt: skip
+    parser.add_argument(
         "--state-dir", type=Path, default=REPO / "build" / "demo",
         help="the fake NVML's state, the node's logs and the loader's file (if on a disk)",
     )  # fmt: skip
@@ -591,15 +632,19 @@ def demo(args: argparse.Namespace) -> int:
                 cleanup.callback(shard.unlink, missing_ok=True)
             node = cleanup.enter_context(SimNode(fake, state_dir / "node"))
             gpus = node.gpus
-            build_pods(node, shard)
+            if args.scenario == "straggler":
+                build_straggler_pods(node, shard)
+            else:
+                build_pods(node, shard)
         if gpus is None:  # GPUs only; AMD's still needs its clock moved
             gpus = backend_for(fake, state_dir / "sys")
             cleanup.callback(gpus.close)
-        script = threading.Thread(
-            target=script_workload, args=(gpus, node, stop, watching), daemon=True
-        )
-        script.start()
-        cleanup.callback(script.join, 10)
+        if node is None or args.scenario != "straggler":  # the straggler jobs are steady
+            script = threading.Thread(
+                target=script_workload, args=(gpus, node, stop, watching), daemon=True
+            )
+            script.start()
+            cleanup.callback(script.join, 10)
         cleanup.callback(stop.set)
         cleanup.callback(_shield)  # first of the clean-up: nothing may cut it short
         return run_agent(args, gpus, node, stop, watching)
@@ -679,7 +724,8 @@ def watch(
         time.sleep(0.1)
 
     print(f"\ngpuscope is serving a simulated {args.profile} node at {base}/metrics")
-    print(STORY if watching_pods else "GPUs only: no simulated pods (see above)")
+    story = STRAGGLER_STORY if args.scenario == "straggler" else STORY
+    print(story if watching_pods else "GPUs only: no simulated pods (see above)")
     print("Try: curl -s " + base + "/metrics | grep -E 'busy_seconds|pod_gpu'   (Ctrl-C to stop)\n")
 
     # Ctrl-C and SIGTERM end the loop between scrapes, never in the middle of one.

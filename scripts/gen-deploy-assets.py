@@ -301,6 +301,9 @@ def with_cluster(dashboard: dict[str, Any], label: str = CLUSTER_LABEL) -> dict[
     for panel in _panels(dashboard.get("panels", [])):
         for target in panel.get("targets", []):
             target["expr"] = rewrite(target["expr"])
+    for annotation in dashboard.get("annotations", {}).get("list", []):
+        if "expr" in annotation:  # a Prometheus annotation query
+            annotation["expr"] = rewrite(annotation["expr"])
     return dashboard
 
 

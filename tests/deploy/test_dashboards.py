@@ -13,6 +13,7 @@ from tests.support.observability import (
     GRAFANA_BUILTINS,
     Query,
     all_queries,
+    annotations,
     dashboards,
     known_series,
     panels,
@@ -48,7 +49,6 @@ RANGE_PANELS = {
     ("training-job", "Idle GPU-hours"),
     ("training-job", "Idle GPU-hours by cause"),
     ("training-job", "GPU-hours busy, SMs idle by cause"),
-    ("training-job", "Stragglers"),
 }
 RANGE_WINDOWS = ("$__range", "$__range:$__interval")
 # Values for a static parse only (the e2e test substitutes values read from the data).
@@ -146,6 +146,9 @@ def test_one_datasource_variable_used_by_every_panel_target_and_variable() -> No
                         f"{name}: {p['title']!r} {t.get('refId')}: target datasource "
                         f"{t.get('datasource')}"
                     )
+        for a in annotations(d):
+            if a.get("datasource") != DATASOURCE:
+                problems.append(f"{name}: annotation {a.get('name')!r}: {a.get('datasource')}")
     assert not problems, problems_report(problems)
 
 

@@ -63,7 +63,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
@@ -950,6 +950,20 @@ def _deployment_pod(deployment: str, rs_hash: str) -> dict[str, Any]:
     }
 
 
+def pytorchjob_pod(job: str, index: int, replica_type: str = "worker") -> dict[str, Any]:
+    """`labels` and `owners` of a PyTorchJob's pod as the Kubeflow training operator writes
+    them (add_pod's keyword arguments): its replica is `<replica_type>-<index>`."""
+    return {
+        "labels": {
+            "training.kubeflow.org/job-name": job,
+            "training.kubeflow.org/operator-name": "pytorchjob-controller",
+            "training.kubeflow.org/replica-type": replica_type,
+            "training.kubeflow.org/replica-index": str(index),
+        },
+        "owners": [owner_reference("PyTorchJob", job, api_version="kubeflow.org/v1")],
+    }
+
+
 def _add_nb_alice(node: SimNode) -> SimPod:
     """GPU 6, time-sliced replica 0: a notebook computing a little."""
     ns, name = NB_ALICE_POD.split("/")
@@ -1006,13 +1020,7 @@ def _add_llama_worker(node: SimNode) -> SimPod:
             "pytorch", gpus=[0, 1, 2, 3], gpu_memory_bytes=71 * GIB, sm_util=93,
             traffic_to=EVAL_POD, traffic_bytes=TRAINING_TRAFFIC[(WORKER_POD, EVAL_POD)],
         )],
-        labels={
-            "training.kubeflow.org/job-name": "llama-ft",
-            "training.kubeflow.org/operator-name": "pytorchjob-controller",
-            "training.kubeflow.org/replica-type": "worker",
-            "training.kubeflow.org/replica-index": "0",
-        },
-        owners=[owner_reference("PyTorchJob", "llama-ft", api_version="kubeflow.org/v1")],
+        **pytorchjob_pod("llama-ft", 0),
     )  # fmt: skip
 
 
@@ -1035,4 +1043,75 @@ def training_scenario(node: SimNode) -> dict[str, SimPod]:
     pods["eval"] = _add_eval(node)
     pods["nb-bob"] = _add_nb_bob(node)
     pods["worker"] = _add_llama_worker(node)
+    return pods
+
+
+# ---- a synchronous data-parallel job with one starved rank (issue #25) --------------------
+
+# What each rank's GPUs read: in NCCL's collectives, which spin on the GPU while they wait,
+# the healthy ranks read busy most of the time; the starved rank idles while its loader
+# waits, then computes and joins the all-reduce the others already wait in. On NVIDIA each
+# 2-second step is a pattern: idle, then busy (the average is the percentage).
+RANK_BUSY = 92.0  # percent: compute, then spinning in the all-reduce
+STARVED_BUSY = 55.0  # percent: compute and a short all-reduce; idle while its loader waits
+STEP_S = 2.0
+RANK_SM_ACTIVE = 0.40  # the SMs' share of time each rank spends on the same compute
+STARVED_CPUS = 0.1  # the starved rank's CPU limit (starve="cpu"), its loader wanting a CPU
+STARVED_READ_BPS = 1_000_000  # its storage's rate (starve="input_io")
+RING_RATE = 1e6  # bytes/s each rank sends the next in the ring all-reduce
+Starve = Literal["input_io", "cpu"]
+
+
+def straggler_job(
+    node: SimNode,
+    *,
+    namespace: str = "ml-team",
+    job: str = "llama-ft",
+    gpus: Sequence[int] = (0, 1, 2, 3),
+    straggler: int = 3,
+    starve: Starve = "input_io",
+    read_file: Path | None = None,
+) -> dict[str, SimPod]:
+    """A synchronous data-parallel PyTorchJob `job` with one rank (worker-<i>, replica index i,
+    one GPU each, in `gpus` order) per GPU, whose rank `straggler` is starved by its data
+    loader, keyed "worker-<i>":
+
+    - starve="input_io": its loader reads `read_file` (on a disk: see
+      podcgroups.block_device_file) with O_DIRECT at the STARVED_READ_BPS its disk's read
+      limit allows: its tasks stall on I/O;
+    - starve="cpu": its loader burns CPU under a STARVED_CPUS limit: its pod is throttled.
+
+    Its GPU reads STARVED_BUSY % busy, the others RANK_BUSY % (spinning in the all-reduce
+    while they wait for it); on NVIDIA each STEP_S step is idle, then busy (so the agent
+    charges the starved rank's idle GPU-seconds to its cause), and GPM's SM activity is
+    RANK_SM_ACTIVE on every rank (the same compute each step). Each rank sends the next one
+    RING_RATE bytes/s (the ring all-reduce)."""
+    if not 0 <= straggler < len(gpus):
+        raise ValueError(f"rank {straggler} is not one of the job's {len(gpus)} ranks")
+    if starve == "input_io" and read_file is None:
+        raise ValueError("starve='input_io' needs a read_file on a disk")
+    pods: dict[str, SimPod] = {}
+    for rank, gpu in enumerate(gpus):
+        starved = rank == straggler
+        spec = ContainerSpec(
+            "pytorch", gpus=[gpu], gpu_memory_bytes=40 * GIB,
+            sm_util=STARVED_BUSY if starved else RANK_BUSY,
+        )  # fmt: skip
+        if starved and starve == "input_io":
+            spec = replace(spec, read_file=read_file, read_bps=STARVED_READ_BPS)
+        elif starved:
+            spec = replace(spec, cpu_limit=STARVED_CPUS, burn_cpu=True)
+        pods[f"worker-{rank}"] = node.add_pod(
+            namespace, f"{job}-worker-{rank}", containers=[spec], **pytorchjob_pod(job, rank)
+        )
+    if node.gpus.vendor == "nvidia":
+        with node.batch():  # after add_pod, which sets each GPU's utilization to the average
+            for rank, gpu in enumerate(gpus):
+                busy = STARVED_BUSY if rank == straggler else RANK_BUSY
+                idle_s = STEP_S * (1 - busy / 100)
+                node.fake.set_utilization_pattern(gpu, [(idle_s, 0, 0), (STEP_S - idle_s, 100, 50)])
+                node.fake.set_gpm_activity(gpu, sm_active=RANK_SM_ACTIVE * 100 / busy)
+    ranks = [f"{namespace}/{job}-worker-{rank}" for rank in range(len(gpus))]
+    for src, dst in zip(ranks, [*ranks[1:], ranks[0]], strict=True):
+        node.start_traffic(src, dst, rate=RING_RATE)
     return pods

@@ -107,7 +107,19 @@ def queries(name: str, dashboard: Mapping[str, Any]) -> list[Query]:
                     name, f"variable {var['name']}", "query", variable_query(var), True, "variable"
                 )
             )
+    for annotation in annotations(dashboard):
+        out.append(
+            Query(
+                name, f"annotation {annotation.get('name', '')}", "annotation",
+                annotation["expr"], False, "annotation",
+            )
+        )  # fmt: skip
     return out
+
+
+def annotations(dashboard: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The dashboard's Prometheus annotation queries (those with an `expr`)."""
+    return [a for a in dashboard.get("annotations", {}).get("list", []) if "expr" in a]
 
 
 def all_queries() -> list[Query]:
@@ -271,7 +283,23 @@ def known_series() -> dict[str, set[str]]:
     known.update(recording_rule_labels())
     known.update({name: set(labels) | SCRAPE_LABELS for name, labels in KUBE_STATE_METRICS.items()})
     known["up"] = set(SCRAPE_LABELS)
+    known["ALERTS"] = alert_labels(known)
     return {name: labels | EXTERNAL_LABELS for name, labels in known.items()}
+
+
+def alert_labels(known: Mapping[str, set[str]]) -> set[str]:
+    """Labels Prometheus's ALERTS series of the shipped alerts may carry: alertname and
+    alertstate, and each alert's own: its static labels, those of the series its expression
+    selects and those its joins add (more than any one alert has: a name check, not a
+    contract)."""
+    labels = {"alertname", "alertstate"}
+    for rule in alerting_rules():
+        labels |= set(rule.get("labels", {}))
+        for metric, _matched in selectors(rule["expr"]):
+            labels |= known.get(metric, set())
+        for extra in re.findall(r"group_left \(([^)]*)\)", " ".join(rule["expr"].split())):
+            labels |= {x.strip() for x in extra.split(",") if x.strip()}
+    return labels
 
 
 def promtool_check_exprs(exprs: Mapping[str, str], tmp: Path) -> dict[str, str]:
