@@ -76,6 +76,23 @@ def test_the_image_carries_the_first_contact_suite(image_root: ImageRoot) -> Non
     assert run.stdout.startswith("usage: gpuscope check"), run.stdout
 
 
+def test_the_image_keeps_the_agents_dataclass_methods_compiled(image_root: ImageRoot) -> None:
+    """The build writes the cache of compiled dataclass methods (agent/codecache.py) that the
+    running image cannot write (PYTHONDONTWRITEBYTECODE, a read-only root): what a GPU
+    agent imports before its first series creates its ~100 dataclasses compiling none of
+    their methods (issue #24)."""
+    probe = (
+        "from gpuscope.agent import codecache\n"
+        "import gpuscope.agent.app.cli, gpuscope.agent.app.agent, gpuscope.agent.gpu.source\n"
+        "import gpuscope.exporters.prometheus.gpu\n"
+        "print(codecache.hits, codecache.compiled)"
+    )
+    run = image_root.chroot("python3", "-c", probe)
+    assert run.returncode == 0, run.stderr
+    hits, compiled = map(int, run.stdout.split())
+    assert hits > 300 and compiled == 0, run.stdout
+
+
 def test_the_image_fits_its_size_budget(image: str) -> None:
     size = int(inspect(image)["Size"])
     assert size <= SIZE_BUDGET, f"{image} is {size / 1e6:.0f} MB, budget {SIZE_BUDGET / 1e6:.0f}"
