@@ -15,7 +15,7 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpuscope.agent import check as first_contact
 from gpuscope.agent import codecache, logs
@@ -156,13 +156,8 @@ def limit_malloc_arenas(arenas: int = 1) -> bool:
         return False
     import ctypes
 
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (AttributeError, OSError):
-        return False
-    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-    mallopt.restype = ctypes.c_int
-    return bool(mallopt(M_ARENA_MAX, arenas))
+    mallopt = _libc("mallopt", ctypes.c_int, ctypes.c_int)
+    return mallopt is not None and bool(mallopt(M_ARENA_MAX, arenas))
 
 
 def trim_heap() -> bool:
@@ -171,13 +166,21 @@ def trim_heap() -> bool:
     (malloc_trim(3)). False where the C library has no malloc_trim (musl)."""
     import ctypes
 
+    malloc_trim = _libc("malloc_trim", ctypes.c_size_t)
+    return malloc_trim is not None and bool(malloc_trim(0))
+
+
+def _libc(name: str, *argtypes: Any) -> Any:
+    """The C library's function `name` returning an int, or None where it has none."""
+    import ctypes
+
     try:
-        malloc_trim = ctypes.CDLL(None).malloc_trim
+        function = getattr(ctypes.CDLL(None), name)
     except (AttributeError, OSError):
-        return False
-    malloc_trim.argtypes = (ctypes.c_size_t,)
-    malloc_trim.restype = ctypes.c_int
-    return bool(malloc_trim(0))
+        return None
+    function.argtypes = argtypes
+    function.restype = ctypes.c_int
+    return function
 
 
 def start_labels(config: Config, agent: Agent) -> LabelsLoop | None:
