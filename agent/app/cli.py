@@ -25,6 +25,7 @@ from gpuscope.agent.app.config import Config, ConfigError, from_parsed
 from gpuscope.agent.app.config import build_parser as agent_parser
 from gpuscope.agent.app.registry import accelerators
 from gpuscope.agent.labels import cli as labels_cli
+from gpuscope.agent.runtime.help_format import HelpFormatter
 from gpuscope.agent.serve.server import MetricsServer
 
 if TYPE_CHECKING:
@@ -46,11 +47,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="without one, gpuscope runs the agent with the options below",
     )
     labels_cli.add_arguments(
-        commands.add_parser("labels", help=labels_cli.SUMMARY, description=labels_cli.DESCRIPTION)
+        commands.add_parser(
+            "labels",
+            help=labels_cli.SUMMARY,
+            description=labels_cli.DESCRIPTION,
+            formatter_class=HelpFormatter,
+        )
     )
     # Listed here; parsed by the check itself, imported only when it runs (main()).
-    commands.add_parser("check", help=first_contact.SUMMARY, add_help=False)
-    commands.add_parser("bpf-load", help=bpf_load.SUMMARY, add_help=False)
+    commands.add_parser(
+        "check", help=first_contact.SUMMARY, add_help=False, formatter_class=HelpFormatter
+    )
+    commands.add_parser(
+        "bpf-load", help=bpf_load.SUMMARY, add_help=False, formatter_class=HelpFormatter
+    )
     return parser
 
 

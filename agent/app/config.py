@@ -21,6 +21,7 @@ from gpuscope.agent.app.registry import BY_NAME, COLLECTORS, DEFAULT_COLLECTORS
 from gpuscope.agent.attribution.options import AttributionOptions
 from gpuscope.agent.labels.options import LabelsOptions
 from gpuscope.agent.name_patterns import pattern_problem
+from gpuscope.agent.runtime.help_format import HelpFormatter
 from gpuscope.agent.runtime.options import ConfigError, Flag, flag, flags_of, names, number, one_of
 from gpuscope.agent.serve.web_config import WebConfig, load_web_config
 
@@ -225,6 +226,7 @@ def flag_table() -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gpuscope",
+        formatter_class=HelpFormatter,
         description="GPU and network observability agent for Kubernetes nodes. Every flag can "
         "also be set with the environment variable shown in brackets.",
     )

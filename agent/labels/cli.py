@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from gpuscope.agent import logs
 from gpuscope.agent.app.config import Config, ConfigError, all_flags, parse
 from gpuscope.agent.app.registry import DEFAULT_COLLECTORS, accelerators
+from gpuscope.agent.runtime.help_format import HelpFormatter
 
 if TYPE_CHECKING:
     from gpuscope.agent.accelerators.records import AnyAccelerators
@@ -111,7 +112,9 @@ def _agent_flags() -> list[Flag]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gpuscope labels", description=DESCRIPTION)
+    parser = argparse.ArgumentParser(
+        prog="gpuscope labels", description=DESCRIPTION, formatter_class=HelpFormatter
+    )
     add_arguments(parser)
     return parser
 
