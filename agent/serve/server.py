@@ -149,8 +149,12 @@ def bind_listener(host: str, port: int, backlog: int) -> socket.socket:
             log.info("no IPv6 on this host (%s): listening on IPv4 only", exc.strerror)
             return _listen(socket.AF_INET, ("0.0.0.0", port), backlog)
     last: OSError | None = None
+    # An ASCII host goes as bytes: getaddrinfo() encodes a str with the "idna" codec, which
+    # leaves ASCII names as they are and whose import (with stringprep and unicodedata) costs
+    # a start about 1 ms. parse_listen_address admits only ASCII hosts but IPv6 scope ids.
+    name = host.encode("ascii") if host.isascii() else host
     for family, _, _, _, sockaddr in socket.getaddrinfo(
-        host, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0, socket.AI_PASSIVE
+        name, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0, socket.AI_PASSIVE
     ):
         try:
             return _listen(family, sockaddr, backlog)
