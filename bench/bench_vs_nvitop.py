@@ -102,8 +102,9 @@ def installed_versions() -> str:
 def install_gpuscope() -> Path:
     """This checkout installed as the image installs it (daemonset/Dockerfile): the package
     built from a copy of its sources, pip-installed with the project's constraints into a
-    venv of its own under build/, then `codecache.warm()`. nvitop-exporter is measured as
-    pip installed it too; running gpuscope from the checkout's editable install instead
+    venv of its own under build/, setuptools removed, then `codecache.warm()`.
+    nvitop-exporter is measured as pip installed it too; running gpuscope from the
+    checkout's editable install instead
     would add its editable finder to every start, and under PYTHONDONTWRITEBYTECODE (this
     VM and CI set it) the compiling of every module edited since its .pyc was written."""
     if not (GPUSCOPE_VENV / "bin" / "python").exists():
@@ -124,6 +125,9 @@ def install_gpuscope() -> Path:
             [*pip, "install", "--constraint", str(src / "requirements-dev.txt"), str(src)],
             check=True,
         )
+    # As the image does: setuptools' distutils-precedence.pth would import its _distutils_hack
+    # at every start. (pip stays: it adds nothing to a start, and the next run installs with it.)
+    subprocess.run([*pip, "uninstall", "--yes", "setuptools"], check=False)
     warm = "from gpuscope.agent import codecache; codecache.warm()"
     subprocess.run([python, "-c", warm], cwd="/", check=True, stdout=subprocess.DEVNULL)
     return GPUSCOPE_VENV / "bin" / "gpuscope"
