@@ -35,6 +35,9 @@ def sysfs_pci_address(bus_id: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class PciLocation:
+    """A PCI device's place in the tree: its address, the path from its host bridge down to it
+    (what `relationship` compares) and its NUMA node (None where sysfs gives none)."""
+
     address: str  # 0000:18:00.0
     path: tuple[str, ...]  # ("pci0000:14", "0000:14:01.0", ..., "0000:18:00.0")
     numa_node: int | None

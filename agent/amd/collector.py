@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class AmdOptions:
+    """The `amd` collector's flags: the sampler's interval and activity threshold, and how long
+    one GPU's reads may take (`_build` hands them to `AmdConfig`)."""
+
     amd_sample_interval: float = flag(
         1.0,
         "seconds between AMD GPU sampler ticks (busy and throttle integrals, events)",

@@ -26,6 +26,9 @@ MIN_INTERVAL = 1.0  # seconds between two process-list calls to one processor
 
 @dataclass(frozen=True, slots=True)
 class _Seen:
+    """A process at the last list of its processor: when that was (agent clock) and its gfx
+    engine nanoseconds then (None: not reported), the start of its next share's window."""
+
     at: float
     gfx_ns: float | None
 

@@ -55,6 +55,9 @@ class _Sample:
 
 @dataclass
 class _State:
+    """What the sampler keeps of one GPU between ticks: the integrals so far, and the last tick's
+    sample (None where it went unanswered: the next window starts afresh)."""
+
     at: float | None = None  # agent clock (monotonic) of the last sample
     last: _Sample | None = None
     integrals: Integrals = field(default_factory=Integrals)

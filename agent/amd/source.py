@@ -30,6 +30,9 @@ log = logging.getLogger("gpuscope.amd")
 
 @dataclass(frozen=True, slots=True)
 class AmdConfig:
+    """The AMD source's settings, from the `amd` collector's flags and the host's sysfs
+    (agent/amd/collector.py)."""
+
     sample_interval: float = 1.0
     idle_threshold: float = 0.0
     sysfs: Path = Path("/sys")

@@ -175,6 +175,9 @@ class AgentOptions:
 
 @dataclass(frozen=True, slots=True)
 class Config:
+    """Every part's options as `parse` made them: the agent-wide ones, the attribution stage's,
+    the node labels', and each collector's own (typed by `of`)."""
+
     agent: AgentOptions
     attribution: AttributionOptions
     labels: LabelsOptions

@@ -113,6 +113,9 @@ def _max(a: float | None, b: float | None) -> float | None:
 
 @dataclass(slots=True)
 class _Cgroup:
+    """One pod's last cgroup reading, when it was read (monotonic), and the rates that ended at
+    it; None where not measured, as on a pod's first reading."""
+
     usage: PodCgroupUsage  # the reading the rates end at
     at: float
     io: float | None = None
@@ -122,6 +125,9 @@ class _Cgroup:
 
 @dataclass(slots=True)
 class _Net:
+    """One pod's TCP retransmits (summed over its containers) at an evaluation, and the rate
+    since the one before; None on its first, and after its total went back."""
+
     retransmits: int
     at: float
     rate: float | None = None

@@ -48,6 +48,9 @@ SERIES_PER_WORKLOAD = 1 + len(CAUSES)
 
 @dataclass(frozen=True, slots=True)
 class GpuIdleInput:
+    """One device as the idle accountant reads it: a whole GPU, or a MIG device weighted by its
+    share of its GPU."""
+
     uuid: str
     idle_integral: float | None  # the sampler's idle seconds (None: utilization unknown)
     last_active: float | None  # wall time of the last sample above the threshold

@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True)
 class _Seen:
+    """A MIG device's integrals at the previous evaluation, and the last-active moment derived
+    from them so far (wall time; None: not active since first seen)."""
+
     at: float
     busy: float
     idle: float

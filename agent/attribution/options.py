@@ -27,6 +27,9 @@ def _ratio(v: float) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class AttributionOptions:
+    """The attribution stage's flags: which resources are GPUs, the low-activity and idle-cause
+    thresholds, how pods' cgroup signals are read, and how many pods and workloads keep series."""
+
     gpu_resource_names: tuple[str, ...] = flag(
         DEFAULT_GPU_RESOURCES,
         "comma-separated extended resources that are GPUs, besides nvidia.com/mig-* and AMD's "

@@ -121,6 +121,10 @@ CauseKey = tuple[str, str, str, str]  # namespace, workload kind, workload, caus
 
 @dataclass(frozen=True, slots=True)
 class Attribution:
+    """Everything the attribution stage added to one collection, as a scrape renders it: who
+    holds each GPU, what pods use and what they are called, and the per-workload counters.
+    Fields whose inputs were missing stay empty."""
+
     holdings: tuple[GpuHolding, ...] = ()
     gpus: tuple[GpuStatus, ...] = ()
     usage: tuple[PodGpuUsage, ...] = ()

@@ -30,6 +30,9 @@ CAP_BPF = 39
 
 @dataclass(frozen=True, slots=True)
 class HeaderTree:
+    """A kernel header tree bcc can compile against, and where it was found (in the order of
+    `find_kernel_headers`)."""
+
     path: Path
     how: str  # "BCC_KERNEL_SOURCE" | "modules" | "fallback"
 

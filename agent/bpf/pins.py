@@ -110,6 +110,9 @@ def remove(path: Path) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Stale:
+    """A family's pin directory that is no longer wanted: another program hash's, or the build
+    directory of a helper that is no longer running (`why` says which)."""
+
     path: Path
     why: str  # "another program" | "unfinished"
 

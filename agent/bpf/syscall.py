@@ -112,6 +112,9 @@ def obj_pin(fd: int, path: Path) -> None:
 
 @dataclass(frozen=True, slots=True)
 class MapInfo:
+    """What the kernel reports of a BPF map (`struct bpf_map_info`): the sizes the manifest's
+    layouts are checked against, and whether its values are per CPU."""
+
     type: int
     id: int
     key_size: int

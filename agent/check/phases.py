@@ -50,6 +50,9 @@ def mark(agent: Agent, source: GpuSource, name: str) -> Mark:
 
 @dataclass
 class Phases:
+    """What `run_phases` leaves for the checks: the agent's marks at each window's edges, and
+    nvidia-smi's GPU rows at the end of each window (`smi_error` where it could not be asked)."""
+
     marks: dict[str, Mark] = field(default_factory=dict)
     smi_idle: list[dict[str, str]] = field(default_factory=list)
     smi_load: list[dict[str, str]] = field(default_factory=list)

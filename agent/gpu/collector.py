@@ -16,6 +16,9 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class GpuOptions:
+    """The `gpu` collector's flags: the sampler's interval and activity threshold, NVLink series
+    per link, and how long one GPU's reads may take (`GpuConfig` gets all but the renderer's)."""
+
     sample_interval: float = flag(
         1.0,
         "seconds between GPU sampler ticks",

@@ -363,6 +363,9 @@ def _temperatures(gpu: Any, batch: _FieldBatch) -> dict[str, float]:
 
 @dataclass(frozen=True, slots=True)
 class _FieldBatch:
+    """What one device's batched field request read (`_read_fields`); None where NVML gave no
+    value."""
+
     memory_temperature: float | None
     pcie_tx_bytes: int | None
     pcie_rx_bytes: int | None

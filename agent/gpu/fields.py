@@ -57,6 +57,9 @@ Key = tuple[str, int]
 
 @dataclass(frozen=True, slots=True)
 class FieldRequest:
+    """One device's batched field request: the (field id, scope id) pairs NVML is asked for, and
+    the key each value is filed under."""
+
     keys: tuple[Key, ...]
     ids: tuple[tuple[int, int], ...]  # (field id, scope id) in the same order as keys
 

@@ -154,6 +154,9 @@ class Fabric:
 
 @dataclass(frozen=True, slots=True)
 class GpuTopology:
+    """How the node's GPUs are wired (agent/gpu/topology.py), by GPU index: the PCIe level of
+    each pair, each GPU's NVLink peers and its fabric registration; what is not known is absent."""
+
     pcie: Mapping[tuple[int, int], str] = field(default_factory=dict)  # (i, j), i < j
     nvlink_peers: Mapping[int, tuple[NvLinkPeer, ...]] = field(default_factory=dict)
     fabric: Mapping[int, Fabric] = field(default_factory=dict)

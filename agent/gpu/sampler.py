@@ -188,6 +188,9 @@ class UtilMode(Enum):
 
 @dataclass
 class _GpuState:
+    """What the sampler keeps of one GPU between ticks: its integrators, set up from what its
+    first tick found the GPU can report (`probed`), and its GPM reader and latest totals."""
+
     util: UtilizationIntegrator
     util_mode: UtilMode | None = None
     pcie_tx: RateIntegrator | None = None  # only where the device has no PCIe byte counters

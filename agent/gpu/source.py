@@ -46,6 +46,9 @@ _Found = tuple[dev.Device, GpuReading]  # a GPU identified late, and its first r
 
 @dataclass(frozen=True, slots=True)
 class GpuConfig:
+    """The GPU source's settings, from the `gpu` collector's flags and the host's sysfs
+    (agent/gpu/collector.py)."""
+
     sample_interval: float = 1.0
     idle_threshold: float = 0.0
     sysfs: Path = Path("/sys")

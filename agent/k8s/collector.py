@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class KubeletOptions:
+    """The `kubelet` collector's flags: where the PodResources socket is and how often it is
+    asked."""
+
     kubelet_socket: Path = flag(
         Path("/var/lib/kubelet/pod-resources/kubelet.sock"), "the kubelet's PodResources socket"
     )
@@ -57,6 +60,9 @@ def _seconds(low: float, high: float) -> Callable[[float], str | None]:
 
 @dataclass(frozen=True, slots=True)
 class PodsOptions:
+    """The `pods` collector's flags: the order in which workloads are resolved, and how long a
+    silent Kubernetes API is waited for before the watch is dropped or the collector fails."""
+
     workload_order: tuple[str, ...] = flag(
         DEFAULT_ORDER,
         "comma-separated order in which pod workloads are resolved (leave one out to ignore it)",

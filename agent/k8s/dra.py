@@ -66,6 +66,9 @@ class SliceDevice:
 
 @dataclass(frozen=True, slots=True)
 class AllocatedDevice:
+    """One device of a claim's allocation results: the request it was allocated for, and its name
+    (driver, pool, device), which the driver's ResourceSlices turn into a GPU."""
+
     request: str  # "<request>" or "<request>/<subrequest>" (firstAvailable)
     driver: str
     pool: str
@@ -74,6 +77,8 @@ class AllocatedDevice:
 
 @dataclass(frozen=True, slots=True)
 class Claim:
+    """A ResourceClaim's GPU results and the pods it is reserved for (`parse_claim`)."""
+
     namespace: str
     name: str
     results: tuple[AllocatedDevice, ...]  # the GPU drivers' results only
@@ -82,6 +87,9 @@ class Claim:
 
 @dataclass(frozen=True, slots=True)
 class ContainerClaim:
+    """One container's use of one of its pod's claims (`resources.claims[]`), or of one request
+    of it."""
+
     container: str
     claim: str  # the pod's name for the claim (spec.resourceClaims[].name)
     request: str  # "" for every request of the claim
@@ -89,6 +97,8 @@ class ContainerClaim:
 
 @dataclass(frozen=True, slots=True)
 class PodClaims:
+    """A pod's claims and which container uses which (`parse_pod`)."""
+
     uid: str
     namespace: str
     name: str

@@ -39,6 +39,9 @@ def _seconds(value: float) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class DraOptions:
+    """The `dra` collector's flags: which DRA drivers' devices are GPUs, and how long its watches
+    may stay silent before the collector fails."""
+
     dra_drivers: tuple[str, ...] = flag(
         DEFAULT_DRA_DRIVERS,
         "comma-separated DRA drivers whose devices are GPUs (their ResourceSlices carry a uuid "

@@ -13,6 +13,9 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class PodMeta:
+    """One pod as the Kubernetes API names it: its workload, its containers by runtime id, and
+    when it was scheduled."""
+
     uid: str
     namespace: str
     name: str
@@ -27,4 +30,6 @@ class PodMeta:
 
 @dataclass(frozen=True, slots=True)
 class PodsSnapshot:
+    """This node's pods as the `pods` collector's watch knows them at one collection."""
+
     pods: Mapping[str, PodMeta]  # by pod UID

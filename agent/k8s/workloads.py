@@ -26,6 +26,9 @@ DEFAULT_ORDER = ("jobset", "kubeflow", "volcano", "lws", "ray", "job", "owner")
 
 @dataclass(frozen=True, slots=True)
 class Workload:
+    """The workload a pod belongs to, as its users name it. Each field becomes a label value, so
+    each is bounded where the record is made (the module docstring)."""
+
     kind: str  # JobSet, PyTorchJob, VolcanoJob, LeaderWorkerSet, RayCluster, Job, Deployment…
     name: str
     replica: str = ""  # the pod's place in it: "worker-3", "trainer-0-1", "2"…

@@ -29,6 +29,9 @@ def _at_least(minimum: float, what: str) -> Callable[[float], str | None]:
 
 @dataclass(frozen=True, slots=True)
 class LabelsOptions:
+    """The node labels' flags: how and where they are published (`--labels-mode`), under which
+    prefix, how often they are recomputed, and how long absent GPUs keep them."""
+
     labels_mode: str = flag(
         "node",
         "node, nodefeature, file or none",

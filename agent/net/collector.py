@@ -35,6 +35,9 @@ def _map_size(most: int, what: str) -> Callable[[int], str | None]:
 
 @dataclass(frozen=True, slots=True)
 class NetOptions:
+    """The `net` collector's flags, which `gpuscope bpf-load` reads too (`net_config`): what the
+    probes count, how large their maps are, and where the kernel headers and the pins are."""
+
     net_per_container: bool = flag(
         False, "network series per container, not only per pod (true/false)"
     )

@@ -44,6 +44,9 @@ class PodNetwork:
 
 @dataclass(frozen=True, slots=True)
 class NetSnapshot:
+    """The `net` collector's records at one collection: every pod's traffic (and the host's),
+    the probes' modes and how full their maps are."""
+
     pods: tuple[PodNetwork, ...]
     probes: Mapping[str, str]  # probe -> mode (tracepoint, cgroup_skb, absent)
     map_full: Mapping[str, int]  # failed inserts per map since load
@@ -75,6 +78,8 @@ class NicReading:
 
 @dataclass(frozen=True, slots=True)
 class NicSnapshot:
+    """The `nic` collector's records at one collection: every physical netdev's counters."""
+
     nics: tuple[NicReading, ...]
     # Files under --sysfs left out since start, by reason (agent/hostfs.py REASONS).
     dropped: Mapping[Reason, int] = field(default_factory=dict)
@@ -107,6 +112,8 @@ class RdmaPort:
 
 @dataclass(frozen=True, slots=True)
 class RdmaDevice:
+    """One RDMA device (`<sysfs>/class/infiniband/<name>`): what identifies it, and its ports."""
+
     name: str  # mlx5_0, irdma0
     node_guid: str = ""
     fw_version: str = ""
@@ -117,6 +124,8 @@ class RdmaDevice:
 
 @dataclass(frozen=True, slots=True)
 class RdmaSnapshot:
+    """The `rdma` collector's records at one collection: every RDMA device and its ports."""
+
     devices: tuple[RdmaDevice, ...]
     # Files under --sysfs left out since start, by reason (agent/hostfs.py REASONS).
     dropped: Mapping[Reason, int] = field(default_factory=dict)

@@ -43,6 +43,9 @@ Key = tuple[str, str]  # (pod_uid, container_id)
 
 @dataclass(frozen=True, slots=True)
 class NetConfig:
+    """The net source's settings, made from the flags by `net_config` (agent/net/collector.py);
+    `helper_args` hands the same to `gpuscope bpf-load`."""
+
     sysfs: Path = Path("/sys")
     procfs: Path = Path("/proc")
     cgroup_root: Path | None = None  # None: detect under <sysfs>/fs/cgroup

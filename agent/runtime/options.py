@@ -33,6 +33,9 @@ Check = Callable[[Any], str | None]  # value -> "expected ..., got ..." or None
 
 @dataclass(frozen=True, slots=True)
 class FlagMeta:
+    """What `flag()` keeps in a field's metadata: its help text and how its value is parsed,
+    checked, defaulted from the environment and shown."""
+
     help: str
     parse: Parse | None = None
     check: Check | None = None

@@ -21,6 +21,8 @@ _PAGE = resource.getpagesize()
 
 @dataclass(frozen=True, slots=True)
 class ProcessStats:
+    """The agent's own process at one read of /proc/self, as the `process_*` series export it."""
+
     cpu_seconds: float
     resident_memory_bytes: int
     virtual_memory_bytes: int

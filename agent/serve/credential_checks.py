@@ -66,6 +66,9 @@ class Verdict(enum.Enum):
 
 @dataclass(order=True)
 class _Pending:
+    """One credential check waiting for the worker. Entries compare by `rank` alone, so the
+    best-placed check is the smallest (`min`) and the worst the largest."""
+
     # (standing, failures, refusals, -arrival): lower is served first, newest among equals
     rank: tuple[int, int, int, int]
     client: str = field(compare=False)

@@ -202,6 +202,9 @@ class ServerStats:
 
 @dataclass(frozen=True, slots=True)
 class _Answer:
+    """An answer as the server decides it. Writing it adds a Content-Type where `headers` has
+    none, the web configuration's headers, and the length."""
+
     status: int
     body: bytes
     headers: list[tuple[str, str]]

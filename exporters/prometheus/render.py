@@ -26,12 +26,18 @@ O = TypeVar("O")  # noqa: E741
 
 @dataclass(frozen=True, slots=True)
 class RenderContext(Generic[O]):
+    """What a renderer gets besides its records: its collector's options and what the
+    attribution stage added."""
+
     options: O  # the collector's declared options
     attribution: Attribution | None  # None before attribution or where it failed
 
 
 @dataclass(frozen=True, slots=True)
 class Renderer(Generic[R, O]):
+    """A collector's renderer, as its declaration names it: the metrics it may emit and the
+    function that emits them (`renderer_of` checks that both are that collector's)."""
+
     collector: CollectorSpec[R, O]
     metrics: tuple[MetricSpec, ...]
     # (records, out, context); renderers that need no context take it as optional.

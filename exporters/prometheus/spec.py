@@ -16,6 +16,10 @@ GPU = ("gpu", "uuid")
 
 @dataclass(frozen=True, slots=True)
 class MetricSpec:
+    """One metric family as the catalog declares it: the only name and labels the exporter emits
+    it with, what produces it (`source`: a collector, `attribution`, `agent`, `process`) and
+    when its series are present (`note` for the docs, `at_default` for --metrics-detail)."""
+
     name: str
     kind: Kind
     help: str

@@ -68,6 +68,9 @@ class UnmatchedDevice:
 
 @dataclass(frozen=True, slots=True)
 class GpuMatch:
+    """What the kubelet's GPU-resource devices came to: allocations of this node's GPUs, and the
+    devices whose ids name none of them (for the caller to log or count)."""
+
     allocations: tuple[GpuAllocation, ...]
     unmatched: tuple[UnmatchedDevice, ...]
 

@@ -41,6 +41,8 @@ class ContainerDevices:
 
 @dataclass(frozen=True, slots=True)
 class PodDevices:
+    """A pod the kubelet knows, and each of its containers' devices."""
+
     namespace: str
     name: str
     containers: tuple[ContainerDevices, ...]
