@@ -10,7 +10,10 @@ replaced held 1,012 threads for 1,000 idle connections). Every wait has a deadli
 every buffer a cap; the limits are constructor keywords, documented in
 docs/architecture.md ("The HTTP server").
 
-With a web configuration (`--web-config-file`, agent/serve/web_config.py) the same loop serves
+The loop is agent/serve/selector_loop.py's, or asyncio's when TLS is configured
+(agent/serve/asyncio_loop.py): only TLS needs asyncio, whose import every start would pay.
+
+With a web configuration (`--web-config-file`, agent/serve/web_config.py) the loop serves
 TLS and checks basic auth. The TLS handshake runs inside the connection's header deadline:
 a connection is admitted and its deadline started when TCP accepts it, and the handshake is
 then started on it, so a client that never finishes its handshake is cut exactly like one
@@ -23,8 +26,6 @@ no flood of wrong passwords starve a right one (agent/serve/credential_checks.py
 
 from __future__ import annotations
 
-import asyncio
-import asyncio.sslproto
 import contextlib
 import enum
 import errno
@@ -33,12 +34,11 @@ import ipaddress
 import logging
 import queue
 import socket
-import ssl
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpuscope.agent.runtime.options import ConfigError
 from gpuscope.agent.serve.credential_checks import CredentialChecks, Verdict, client_key
@@ -50,6 +50,7 @@ from gpuscope.agent.serve.http_wire import (
     parse_head,
     response_head,
 )
+from gpuscope.agent.serve.selector_loop import SelectorLoop
 from gpuscope.agent.serve.web_config import (
     BasicAuth,
     RateLimit,
@@ -59,6 +60,8 @@ from gpuscope.agent.serve.web_config import (
 )
 
 if TYPE_CHECKING:
+    import ssl
+
     from prometheus_client.registry import CollectorRegistry
 
 __all__ = ["MetricsServer", "ServerStats", "parse_listen_address"]
@@ -180,6 +183,31 @@ def _listen(
     return sock
 
 
+class _Cancellable(Protocol):
+    def cancel(self) -> None: ...
+
+
+class _Loop(Protocol):
+    """What the server and its connections use of their event loop: asyncio's (TLS) or
+    agent/serve/selector_loop.py's (plain HTTP) answers it."""
+
+    def time(self) -> float: ...
+    def call_later(self, delay: float, callback: Callable[..., Any], *args: Any) -> Any: ...
+    def call_soon_threadsafe(self, callback: Callable[..., Any], *args: Any) -> Any: ...
+
+
+class _Transport(Protocol):
+    """What a connection uses of its transport (asyncio's, or selector_loop's)."""
+
+    def write(self, data: bytes) -> None: ...
+    def pause_reading(self) -> None: ...
+    def resume_reading(self) -> None: ...
+    def close(self) -> None: ...
+    def abort(self) -> None: ...
+    def is_closing(self) -> bool: ...
+    def get_extra_info(self, name: str, default: Any = None) -> Any: ...
+
+
 @dataclass(frozen=True, slots=True)
 class ServerStats:
     """Counters since start, for self-metrics and tests: how the limits were used."""
@@ -291,8 +319,8 @@ class MetricsServer:
         self._render_error: str | None = None
         self._render_lock = threading.Lock()
         self._loop_error: str | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stopping: asyncio.Event | None = None
+        self._loop: _Loop | None = None
+        self._request_stop: Callable[[], object] | None = None
         self._serving = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -326,10 +354,10 @@ class MetricsServer:
     def stop(self) -> None:
         """Close the listening socket and every connection, then end the threads. A render
         still running (a hung collection) is abandoned; its thread is a daemon."""
-        loop, stopping = self._loop, self._stopping
-        if loop is not None and stopping is not None and self._thread is not None:
+        request_stop = self._request_stop
+        if request_stop is not None and self._thread is not None:
             with contextlib.suppress(RuntimeError):  # the loop has already ended
-                loop.call_soon_threadsafe(stopping.set)
+                request_stop()
             self._thread.join(10)
         if self._reloader is not None:
             self._reloader.stop()
@@ -337,36 +365,60 @@ class MetricsServer:
         self._workers.stop()
         self._checks.stop()
 
-    # The event loop thread.
+    # The event loop thread: asyncio's loop for TLS, else selector_loop's (which says why).
 
     def _run(self) -> None:
-        loop = asyncio.new_event_loop()
-        loop.set_exception_handler(self._on_loop_error)
-        self._loop = loop
+        if self.tls is not None:
+            from gpuscope.agent.serve import asyncio_loop
+
+            asyncio_loop.run(self)
+            return
+        loop = SelectorLoop(self.on_loop_error)
         try:
-            loop.run_until_complete(self._serve())
+            loop.serve(self.listener, self.new_connection, self.backlog)
+            self.running(loop, loop.stop)
+            loop.run_until_stopped()
+            loop.stop_serving(self.listener)
+            self.kill_connections()
+            for _ in range(3):  # let the aborted transports run connection_lost
+                loop.run_once(0.0)
         finally:
             loop.close()
 
-    async def _serve(self) -> None:
+    # For the loop modules.
+
+    @property
+    def listener(self) -> socket.socket:
+        """The bound, listening, non-blocking socket the loop accepts on."""
+        return self._sock
+
+    @property
+    def backlog(self) -> int:
+        return self._backlog
+
+    def new_connection(self) -> _Connection:
+        return _Connection(self)
+
+    @property
+    def loop(self) -> _Loop:
+        """The running loop (connections exist only while it runs)."""
         assert self._loop is not None
-        self._stopping = asyncio.Event()
-        server = await self._loop.create_server(
-            lambda: _Connection(self), sock=self._sock, backlog=self._backlog
-        )
+        return self._loop
+
+    def running(self, loop: _Loop, request_stop: Callable[[], object]) -> None:
+        """The loop accepts: `request_stop`, from any thread, makes it stop."""
+        self._loop = loop
+        self._request_stop = request_stop
         self._serving.set()
         if self._reloader is not None:
             self._reloader.start()
-        await self._stopping.wait()
-        server.close()
+
+    def kill_connections(self) -> None:
         for connection in list(self._connections):
             connection.kill()
-        await server.wait_closed()
-        for _ in range(3):  # let the aborted transports run connection_lost: sockets close
-            await asyncio.sleep(0)
 
-    def _on_loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        """asyncio reports here what it cannot hand to a caller: accept() out of file
+    def on_loop_error(self, loop: object, context: dict[str, Any]) -> None:
+        """The loop reports here what it cannot hand to a caller: accept() out of file
         descriptors, a bug in a protocol callback (which closes that one connection). One
         line per change of message, with the traceback only at debug level."""
         exc = context.get("exception")
@@ -595,7 +647,7 @@ def _openmetrics_accept(request: Request) -> str:
     return accept if "application/openmetrics-text" in accept else ""
 
 
-class _Connection(asyncio.Protocol):
+class _Connection:
     """One client connection, driven by the event loop's callbacks.
 
     States: HEAD (bytes of a request arriving, under the header deadline), IDLE (kept alive
@@ -607,20 +659,19 @@ class _Connection(asyncio.Protocol):
         self.server = server
         self.state = _State.HEAD
         self.since = 0.0
-        self.transport: asyncio.Transport | None = None
+        self.transport: _Transport | None = None
         self.peer = "?"
         self._buffer = bytearray()
         self._scanned = 0
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: _Cancellable | None = None
         self._write_paused = False
         self._close_after = False
         self._tls_started = False
         self._tls_up = False
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+    def connection_made(self, transport: _Transport) -> None:
         """Called once for TCP, and once more with the TLS transport when the handshake
         completes (the header deadline started at the first call keeps running)."""
-        assert isinstance(transport, asyncio.Transport)
         if self._tls_started:
             self._tls_ready(transport)
             return
@@ -638,36 +689,19 @@ class _Connection(asyncio.Protocol):
             return
         self._enter(_State.HEAD, self.server.header_timeout, self._header_timeout)
         if self.server.tls is not None:
-            self._start_tls(transport, self.server.tls)
+            from gpuscope.agent.serve import asyncio_loop  # TLS: the loop is asyncio's
 
-    def _start_tls(self, transport: asyncio.Transport, context: ssl.SSLContext) -> None:
-        """Put asyncio's TLS layer between the socket and this protocol, as
-        `loop.create_server(ssl=...)` does, but after admission: here, in the first
-        connection_made, nothing has been read yet, so the layer sees the whole handshake.
-        (`loop.start_tls` would run a turn later, when bytes may already have arrived.)
-        Its own handshake timeout is only a backstop behind the header deadline."""
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[None] = loop.create_future()
-        layer = _TlsLayer(
-            loop,
-            self,
-            context,
-            waiter,
-            server_side=True,
-            call_connection_made=True,
-            ssl_handshake_timeout=int(self.server.header_timeout) + 5,
-        )
-        self._tls_started = True
-        transport.set_protocol(layer)
-        layer.connection_made(transport)
-        waiter.add_done_callback(self._handshake_done)
+            self._tls_started = True
+            asyncio_loop.start_tls(
+                self, transport, self.server.tls, int(self.server.header_timeout) + 5
+            )
 
-    def _handshake_done(self, waiter: asyncio.Future[None]) -> None:
-        """A failed handshake never reaches connection_lost (the TLS layer tells only a
-        protocol it connected): forget the connection here. Failed means this protocol was
-        not connected by the time the waiter ended, whatever the waiter holds (a socket
-        closed mid-handshake can end it with no exception)."""
-        error = None if waiter.cancelled() else waiter.exception()
+    def handshake_done(self, error: BaseException | None) -> None:
+        """The TLS handshake ended, `error` or not. A failed handshake never reaches
+        connection_lost (the TLS layer tells only a protocol it connected): forget the
+        connection here. Failed means this protocol was not connected by the time the
+        handshake ended, whatever `error` says (a socket closed mid-handshake can end it with
+        none)."""
         if self._tls_up or self.state is _State.CLOSED:
             return
         log.debug("http: TLS handshake with %s failed: %r", self.peer, error)
@@ -676,7 +710,7 @@ class _Connection(asyncio.Protocol):
         self._cancel_timer()
         self.server.forget(self)
 
-    def _tls_ready(self, transport: asyncio.Transport) -> None:
+    def _tls_ready(self, transport: _Transport) -> None:
         self._tls_up = True
         self.transport = transport
         if self.state is _State.CLOSED:
@@ -744,8 +778,7 @@ class _Connection(asyncio.Protocol):
         self._cancel_timer()
         if graceful:
             transport.close()
-            loop = asyncio.get_running_loop()
-            self._timer = loop.call_later(self.server.write_timeout, transport.abort)
+            self._timer = self.server.loop.call_later(self.server.write_timeout, transport.abort)
         else:
             self.server.forget(self)
             transport.abort()
@@ -900,7 +933,7 @@ class _Connection(asyncio.Protocol):
         assert self.transport is not None
         self._cancel_timer()
         self.state = state
-        loop = asyncio.get_running_loop()
+        loop = self.server.loop
         self.since = loop.time()
         if timeout is not None and on_timeout is not None:
             self._timer = loop.call_later(timeout, on_timeout)
@@ -923,15 +956,6 @@ class _Connection(asyncio.Protocol):
         log.debug("http: %s did not take its answer in time, closing", self.peer)
         self.server.count("write_timeouts")
         self.abort()
-
-
-class _TlsLayer(asyncio.sslproto.SSLProtocol):
-    """asyncio's TLS layer with a 16 KiB read buffer instead of 256 KiB. It allocates the
-    buffer for every connection when it is made, so 1,000 idle TLS connections held about
-    300 MB (measured), near the DaemonSet's memory limit; requests here are at most 16 KiB,
-    and a TLS record is at most 16 KiB of plaintext, so a larger buffer buys nothing."""
-
-    max_size = 16 * 1024
 
 
 class _WebReloader:

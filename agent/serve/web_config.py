@@ -30,16 +30,18 @@ import functools
 import ipaddress
 import os
 import re
-import ssl
 import stat
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuscope.agent.runtime.options import ConfigError
+
+if TYPE_CHECKING:
+    import ssl
 
 __all__ = [
     "BasicAuth",
@@ -58,11 +60,13 @@ HEADERS: Mapping[str, tuple[str, ...] | None] = {
     "Content-Security-Policy": None,
 }
 
+# Names in `ssl`, looked up when a configuration asks for TLS: `ssl` (libssl, libcrypto) is
+# imported only then, not by every agent that imports this module (issue #24).
 _TLS_VERSIONS = {
-    "TLS10": ssl.TLSVersion.TLSv1,
-    "TLS11": ssl.TLSVersion.TLSv1_1,
-    "TLS12": ssl.TLSVersion.TLSv1_2,
-    "TLS13": ssl.TLSVersion.TLSv1_3,
+    "TLS10": "TLSv1",
+    "TLS11": "TLSv1_1",
+    "TLS12": "TLSv1_2",
+    "TLS13": "TLSv1_3",
 }
 
 # Go's crypto/tls.CipherSuites() (the ones exporter-toolkit accepts) -> OpenSSL's names.
@@ -94,12 +98,12 @@ _CURVES = {
     "X25519": "X25519",
 }
 
-_CLIENT_AUTH = {
-    "": ssl.CERT_NONE,
-    "NoClientCert": ssl.CERT_NONE,
-    "RequestClientCert": ssl.CERT_NONE,  # asked for but unchecked in Go: see the docstring
-    "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
-    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
+_CLIENT_AUTH = {  # names in `ssl`, as _TLS_VERSIONS
+    "": "CERT_NONE",
+    "NoClientCert": "CERT_NONE",
+    "RequestClientCert": "CERT_NONE",  # asked for but unchecked in Go: see the docstring
+    "VerifyClientCertIfGiven": "CERT_OPTIONAL",
+    "RequireAndVerifyClientCert": "CERT_REQUIRED",
 }
 _UNSUPPORTED_CLIENT_AUTH = ("RequireAnyClientCert", "RequireClientCert")
 
@@ -318,6 +322,8 @@ def _tls_context(base: Path, section: dict[str, Any]) -> ssl.SSLContext | None:
     """The server's SSLContext, or None for plain HTTP. Each step turns its own errors into
     a line naming its key; an ssl or OS error from any other step (one this OpenSSL build
     refuses) becomes one line too, never an uncaught traceback at start or in the reloader."""
+    import ssl  # here, not at the top: see _TLS_VERSIONS
+
     try:
         return _new_tls_context(base, section)
     except (ssl.SSLError, OSError, ValueError) as exc:
@@ -349,6 +355,8 @@ def _new_tls_context(base: Path, section: dict[str, Any]) -> ssl.SSLContext | No
             "RequestClientCert, VerifyClientCertIfGiven or RequireAndVerifyClientCert)"
         )
 
+    import ssl
+
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = _version(section, "min_version", "TLS12")
     context.maximum_version = _version(section, "max_version", "TLS13")
@@ -359,7 +367,7 @@ def _new_tls_context(base: Path, section: dict[str, Any]) -> ssl.SSLContext | No
     _ciphers(context, section)
     _curve(context, section)
 
-    mode = _CLIENT_AUTH[client_auth]
+    mode = getattr(ssl, _CLIENT_AUTH[client_auth])
     has_ca = bool(files["client_ca_file"] or ca_text)
     if has_ca and mode is ssl.CERT_NONE:
         raise _Bad(f"{where}: client CA given without a client_auth_type that verifies")
@@ -400,6 +408,8 @@ def _load_certificate(
     """cert_file/key_file, else the inline PEM `cert`/`key` (a file wins, as in Go). Inline
     PEM goes through a memory file: ssl loads chains only from paths, and a private key
     should not be written to disk."""
+    import ssl
+
     where = "tls_server_config"
     pem: dict[str, bytes] = {}
     for name, file_name in (("cert", cert_file), ("key", key_file)):
@@ -428,16 +438,21 @@ def _load_certificate(
 
 
 def _version(section: dict[str, Any], key: str, default: str) -> ssl.TLSVersion:
+    import ssl
+
     name = _string(section, "tls_server_config", key) or default
     if name not in _TLS_VERSIONS:
         raise _Bad(
             f"tls_server_config.{key}: unknown TLS version {name!r} (expected "
             f"{', '.join(_TLS_VERSIONS)})"
         )
-    return _TLS_VERSIONS[name]
+    version: ssl.TLSVersion = getattr(ssl.TLSVersion, _TLS_VERSIONS[name])
+    return version
 
 
 def _ciphers(context: ssl.SSLContext, section: dict[str, Any]) -> None:
+    import ssl
+
     where = "tls_server_config"
     names = _strings(section, where, "cipher_suites")
     unknown = [n for n in names if n not in _CIPHERS]
@@ -456,6 +471,8 @@ def _ciphers(context: ssl.SSLContext, section: dict[str, Any]) -> None:
 
 
 def _curve(context: ssl.SSLContext, section: dict[str, Any]) -> None:
+    import ssl
+
     where = "tls_server_config.curve_preferences"
     curves = _strings(section, "tls_server_config", "curve_preferences")
     unknown = [c for c in curves if c not in _CURVES]
@@ -479,6 +496,8 @@ def _curve(context: ssl.SSLContext, section: dict[str, Any]) -> None:
 
 def _ssl_reason(exc: BaseException) -> str:
     # OpenSSL's errors carry `reason`; one raised by Python code (or an older build) may not.
+    import ssl
+
     reason = getattr(exc, "reason", None) if isinstance(exc, ssl.SSLError) else None
     if reason:
         return str(reason).replace("_", " ").lower()

@@ -5,8 +5,8 @@ every node's memory, so what a `--collectors gpu` agent loads is checked here: t
 `gpuscope` entry point (`cli.main`) runs in a child process on the fake NVML until its first
 text-format /metrics holds a GPU series, and then lists `sys.modules`. The `labels` and
 `check` commands, the labels loop, the other collectors' sources, the Kubernetes and gRPC
-clients, bcc, the web configuration's TLS and auth, and prometheus_client (only OpenMetrics
-needs it) must not be among them.
+clients, bcc, the web configuration's TLS and auth, asyncio and ssl (only a server with TLS
+runs on asyncio), and prometheus_client (only OpenMetrics needs it) must not be among them.
 """
 
 from __future__ import annotations
@@ -101,6 +101,10 @@ NOT_IMPORTED = (
     "email",
     "http.server",
     "urllib.request",
+    # The event loop and TLS: a server without TLS runs on agent/serve/selector_loop.py.
+    "asyncio",
+    "ssl",
+    "_ssl",
 )
 # Allowed: the `check` package's __init__ (its one-line summary for `gpuscope --help`), and
 # the label validation that checks --label-prefix when the flags are parsed.
