@@ -82,6 +82,10 @@ class GpuIntegrals:
     pcie_transmit_bytes: float | None = None
     pcie_receive_bytes: float | None = None
     energy_joules: float | None = None
+    # Where the PCIe bytes are integrated (no byte counters): the sampler's latest
+    # nvmlDeviceGetPcieThroughput reading in bytes/s (a 20 ms window), while it is held.
+    pcie_transmit_rate: float | None = None
+    pcie_receive_rate: float | None = None
     # GPM (Hopper and later; None elsewhere): seconds x ratio integrated over GPM windows,
     # exactly as busy_seconds, and the last window's ratios.
     sm_active_seconds: float | None = None
@@ -115,6 +119,12 @@ class NvidiaReading:
     gpm: GpmActivity | None = None  # the last GPM window; None on GPUs without GPM
     tensor_active_seconds: float | None = None
     dram_active_seconds: float | None = None
+    # Throughput per second over the source's own last window (GpuSource.read documents it):
+    # PCIe bytes each way, and NVLink data bytes both ways over all links. None on the
+    # first reading, where the GPU has no such counter, or after a counter went back.
+    pcie_transmit_bytes_per_second: float | None = None
+    pcie_receive_bytes_per_second: float | None = None
+    nvlink_bytes_per_second: float | None = None
 
 
 NO_EXTENSION = NvidiaReading()  # what a reading of a GPU never discovered carries

@@ -4,8 +4,10 @@ A Prometheus gauge of "utilization now" tells you nothing about the 14 seconds b
 scrapes; `rate()` over a counter of busy seconds tells you the exact average over any
 window. So a background thread integrates utilization into `busy_seconds` (and, where the
 device has no hardware counter, PCIe bytes and energy), and remembers when each GPU was
-last active. Everything else is read at scrape time, where it is freshest and costs nothing
-between scrapes.
+last active. Where it integrates PCIe throughput it also publishes the latest reading
+(bytes/s over NVML's 20 ms window, `GpuIntegrals.pcie_transmit_rate`) while it is held.
+Everything else is read at scrape time, where it is freshest and costs nothing between
+scrapes.
 
 Utilization comes from `nvmlDeviceGetSamples`: NVML's own ring buffer of utilization
 samples (one per 1/6 s to 1 s, depending on the product), each the busy share of the period
@@ -169,6 +171,7 @@ class RateIntegrator:
         self.total = 0.0
         self.max_gap = max_gap
         self._last_at: float | None = None
+        self._last_rate: float | None = None  # the latest reading, for `current`
 
     def start(self, monotonic: float) -> None:
         """The first reading will cover the time since `monotonic`."""
@@ -178,6 +181,14 @@ class RateIntegrator:
         if self._last_at is not None and monotonic > self._last_at:
             self.total += rate * min(monotonic - self._last_at, self.max_gap)
         self._last_at = monotonic
+        self._last_rate = rate
+
+    def current(self, monotonic: float) -> float | None:
+        """The latest reading while it is held (at most `max_gap` old); None before any
+        reading or once it is older, as the total then stops adding it."""
+        if self._last_rate is None or self._last_at is None:
+            return None
+        return self._last_rate if monotonic - self._last_at <= self.max_gap else None
 
 
 class UtilMode(Enum):
@@ -412,7 +423,7 @@ class Sampler:
         return state
 
     def _integrals(self, state: _GpuState, now: float) -> GpuIntegrals:
-        integrals = _integrals(state)
+        integrals = _integrals(state, now)
         tick = state.gpm_tick
         if tick is None:
             return integrals
@@ -674,7 +685,7 @@ def _gpm_integrals(r: GpmScopeReading, now: float, max_age: float) -> GpuIntegra
     )
 
 
-def _integrals(state: _GpuState) -> GpuIntegrals:
+def _integrals(state: _GpuState, now: float) -> GpuIntegrals:
     supported = state.util_mode in (UtilMode.SAMPLES, UtilMode.RATES)
     return GpuIntegrals(
         busy_seconds=state.util.busy_seconds if supported else None,
@@ -684,4 +695,6 @@ def _integrals(state: _GpuState) -> GpuIntegrals:
         pcie_transmit_bytes=state.pcie_tx.total if state.pcie_tx else None,
         pcie_receive_bytes=state.pcie_rx.total if state.pcie_rx else None,
         energy_joules=state.energy.total if state.energy else None,
+        pcie_transmit_rate=state.pcie_tx.current(now) if state.pcie_tx else None,
+        pcie_receive_rate=state.pcie_rx.current(now) if state.pcie_rx else None,
     )

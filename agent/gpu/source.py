@@ -4,6 +4,14 @@ Lifecycle: `start` initializes NVML, discovers the GPUs and starts the sampler a
 threads; `read` (on every scrape) reads each GPU's current state and merges in what the
 threads accumulated. One lost GPU yields `up=False` for that GPU alone.
 
+Per-second figures (`NvidiaReading.pcie_transmit_bytes_per_second`, `..._receive_...`,
+`nvlink_bytes_per_second`) are the source's own: where a GPU has byte counters (NVLink's
+data throughput fields; PCIe's fields 197/198, driver R555+) the counters' increase since
+this source's previous read of that GPU, divided by the time between the two reads (the
+source's last window: the time between two collections, which scrapes share); where the
+sampler integrates PCIe throughput instead, its latest 20 ms reading (`GpuIntegrals`). None
+on a GPU's first read, after a counter went back (a driver reload) and without a source.
+
 Every per-GPU NVML call goes through that GPU's gate (agent/accelerators/gate.py): the GPUs are read
 in parallel, each on its own worker thread, and `read` waits for them up to one read
 deadline (`GpuConfig.read_deadline`). A GPU whose call is blocked past it reads `up=False`
@@ -44,6 +52,49 @@ log = logging.getLogger("gpuscope.gpu")
 _Found = tuple[dev.Device, GpuReading]  # a GPU identified late, and its first reading
 
 
+class _Counters:
+    """Each GPU's byte counters at this source's previous read, for the per-second figures
+    (module docstring). Each GPU's reads run one at a time on its own worker, so each key
+    is written by one thread at a time."""
+
+    def __init__(self) -> None:
+        # uuid -> (monotonic, counted PCIe TX, counted PCIe RX, NVLink TX + RX)
+        self._last: dict[str, tuple[float, float | None, float | None, float | None]] = {}
+
+    def with_rates(self, reading: GpuReading, integrals: GpuIntegrals, now: float) -> GpuReading:
+        uuid = reading.identity.uuid
+        if not uuid:
+            return reading
+        # PCIe totals the sampler integrates are not counters: their per-second figure is
+        # the sampler's own latest reading.
+        counted_tx = reading.pcie_transmit_bytes if integrals.pcie_transmit_bytes is None else None
+        counted_rx = reading.pcie_receive_bytes if integrals.pcie_receive_bytes is None else None
+        tx_rx = (reading.link_transmit_bytes, reading.link_receive_bytes)
+        nvlink = None if None in tx_rx else float(sum(v for v in tx_rx if v is not None))
+        now_values = (counted_tx, counted_rx, nvlink)
+        before = self._last.get(uuid)
+        self._last[uuid] = (now, *now_values)
+
+        def per_second(i: int) -> float | None:
+            value = now_values[i]
+            if before is None or value is None or before[i + 1] is None or now <= before[0]:
+                return None
+            previous = before[i + 1]
+            assert previous is not None
+            return (value - previous) / (now - before[0]) if value >= previous else None
+
+        x = nvidia(reading)
+        tx = integrals.pcie_transmit_rate if counted_tx is None else per_second(0)
+        rx = integrals.pcie_receive_rate if counted_rx is None else per_second(1)
+        extension = replace(
+            x,
+            pcie_transmit_bytes_per_second=tx,
+            pcie_receive_bytes_per_second=rx,
+            nvlink_bytes_per_second=per_second(2),
+        )
+        return replace(reading, extension=extension)
+
+
 @dataclass(frozen=True, slots=True)
 class GpuConfig:
     """The GPU source's settings, from the `gpu` collector's flags and the host's sysfs
@@ -71,6 +122,7 @@ class GpuSource:
         self.sampler: Sampler | None = None
         self.xid: XidWatcher | None = None
         self.processes = ProcessReader(self.nvml, self.clock)
+        self._counters = _Counters()
         self.topology = GpuTopology()
         self.driver_version = ""
         self.cuda_driver_version = ""
@@ -188,9 +240,13 @@ class GpuSource:
     def _read(
         self, device: dev.Device, integrals: GpuIntegrals, xids: Mapping[int, int]
     ) -> GpuReading:
-        """(On the GPU's worker.) Everything about one GPU, its processes included."""
+        """(On the GPU's worker.) Everything about one GPU, its processes and per-second
+        figures included."""
+        now = self.clock.monotonic()
         reading = dev.read(self.nvml, device, integrals, xids)
-        return self._with_processes(device, reading) if reading.up else reading
+        if not reading.up:
+            return reading
+        return self._counters.with_rates(self._with_processes(device, reading), integrals, now)
 
     def _find(self, index: int) -> _Found | Exception:
         """(On the GPU's worker.) A GPU that did not answer before: identified, registered
