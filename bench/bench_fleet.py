@@ -7,16 +7,18 @@ kubelet-style cgroups) with a fake sysfs tree of NICs and RDMA ports (make_sysfs
 real `gpuscope` agent process (collectors gpu, nic, rdma, kubelet, pods: not net, whose BPF
 compile would cost a core-minute per agent here), its own --node-name and port, and
 --series-node-label true. Prometheus (the binary the e2e tests run) scrapes every agent at
---scrape-interval with daemonset/rules/gpuscope.rules.yml and one DCGM compatibility
-variant loaded (--dcgm-compat; never both: they record the same names) and a `cluster`
-target label, and remote-writes to a small HTTP receiver in this process that counts the
-bytes it gets and decodes them (snappy + protobuf) to count the samples, and to Debian's
-VictoriaMetrics single node (unless --no-victoria-metrics).
+--scrape-interval with daemonset/rules/gpuscope.rules.yml loaded and a `cluster` target
+label; the agents serve dcgm-exporter's DCGM_FI_* names themselves with --dcgm-compat (on
+by default here; no DCGM rule group exists to evaluate). It remote-writes to a small HTTP
+receiver in this process that counts the bytes it gets and decodes them (snappy +
+protobuf) to count the samples, and to Debian's VictoriaMetrics single node (unless
+--no-victoria-metrics).
 
 Printed figures, no assertions:
   * series per node and scrape bytes (plain and gzip) per profile, at each --metrics-detail
     level the agent accepts (the fleet runs at the first; the others are measured on one
-    extra agent per profile);
+    extra agent per profile), and with the fleet's --dcgm-compat against without it (one
+    extra agent per profile, at the fleet's level);
   * Prometheus head series, samples appended per second (prometheus_tsdb_head_samples_
     appended_total over the measuring window), RSS and Go heap in use, per head series;
   * remote-write bytes per sample and per node per second;
@@ -94,12 +96,9 @@ UUID_LABEL = re.compile(r'[{,]uuid="([^"]+)"')
 # A server's own /metrics: {(name, labels): value}.
 Metrics = Mapping[tuple[str, frozenset[tuple[str, str]]], float]
 RULES_DIR = REPO / "daemonset" / "rules"
-# gpuscope's rules, and one of the two DCGM compatibility variants (--dcgm-compat): they
-# record the same names, and loading both would join each DCGM_FI_* rule with both label sets.
-DCGM_COMPAT = {
-    "source": RULES_DIR / "dcgm-compat.rules.yml",
-    "exported": RULES_DIR / "dcgm-compat-exported-labels.rules.yml",
-}
+# The agents' --dcgm-compat values: the DCGM names are the agent's, not rules (#25).
+DCGM_COMPAT = ("off", "on", "exported-labels")
+NO_DCGM = "no-dcgm"  # the per-level key of the agents measured without --dcgm-compat
 PROFILES = ("dgx-h100", "dgx-h100", "dgx-h100-mig", "hgx-a100-mig", "pcie-l40s", "mixed")
 LEVELS = ("default", "full")
 COLLECTORS = "gpu,nic,rdma,kubelet,pods"
@@ -429,8 +428,12 @@ def one(metrics: Metrics, name: str, **match: str) -> float:
 
 
 def rule_files(args: argparse.Namespace) -> list[Path]:
-    dcgm = [DCGM_COMPAT[args.dcgm_compat]] if args.dcgm_compat in DCGM_COMPAT else []
-    return [RULES_DIR / "gpuscope.rules.yml", *dcgm, *args.extra_rules]
+    return [RULES_DIR / "gpuscope.rules.yml", *args.extra_rules]
+
+
+def dcgm_args(args: argparse.Namespace) -> list[str]:
+    """The fleet agents' --dcgm-compat, where on."""
+    return [] if args.dcgm_compat == "off" else ["--dcgm-compat", args.dcgm_compat]
 
 
 def start_prometheus(
@@ -721,9 +724,10 @@ def main() -> None:
     )
     ap.add_argument(
         "--dcgm-compat",
-        choices=[*DCGM_COMPAT, "none"],
-        default="source",
-        help="the DCGM compatibility variant loaded beside gpuscope.rules.yml (never both)",
+        choices=DCGM_COMPAT,
+        default="on",
+        help="the agents' --dcgm-compat: they serve dcgm-exporter's DCGM_FI_* names themselves "
+        "(no rules); also measured without it on one extra agent per profile",
     )
     ap.add_argument(
         "--extra-rules",
@@ -773,7 +777,7 @@ def run(
           f"({time.monotonic() - t_begin:.0f} s)", flush=True)  # fmt: skip
 
     fleet_level = levels[0]
-    agents = [launch_agent(node, sysfs, logs, fleet_level) for _, node in nodes]
+    agents = [launch_agent(node, sysfs, logs, fleet_level, *dcgm_args(args)) for _, node in nodes]
     for agent in agents:
         stack.callback(agent.stop)
     remote: Receiver | None = None
@@ -842,7 +846,7 @@ def run(
     for level in levels[1:]:
         per_level[level] = {}
         for profile, node in {p: n for p, n in reversed(nodes)}.items():
-            extra = launch_agent(node, sysfs, logs, level)
+            extra = launch_agent(node, sysfs, logs, level, *dcgm_args(args))
             try:
                 extra.wait_ready(timeout=120)
                 time.sleep(3)
@@ -852,6 +856,20 @@ def run(
                     groups[level] = series_groups(extra)
             except AssertionError as err:
                 print(f"level {level}: {str(err).splitlines()[0]}")
+            finally:
+                extra.stop()
+
+    if dcgm_args(args):  # what --dcgm-compat costs: the same nodes without it
+        per_level[NO_DCGM] = {}
+        for profile, node in {p: n for p, n in reversed(nodes)}.items():
+            extra = launch_agent(node, sysfs, logs, fleet_level)
+            try:
+                extra.wait_ready(timeout=120)
+                time.sleep(3)
+                scrape_sizes(extra)
+                per_level[NO_DCGM][profile] = [scrape_sizes(extra)]
+            except AssertionError as err:
+                print(f"without --dcgm-compat: {str(err).splitlines()[0]}")
             finally:
                 extra.stop()
 
@@ -1012,13 +1030,15 @@ def report(
     n = len(nodes)
     print(f"\n== fleet: {n} nodes, scrape interval {args.scrape_interval} s, window "
           f"{window:.0f} s, rule files {', '.join(p.name for p in rule_files(args))}")  # fmt: skip
+    print(f"   agents --dcgm-compat {args.dcgm_compat}: the DCGM_FI_* names are served by the "
+          "agents; no DCGM rule group is evaluated")  # fmt: skip
     if level_note:
         print(f"   ({level_note})")
     print("\nseries per node and /metrics bytes (median over the nodes of a profile)")
     print(f"  {'level':<9} {'profile':<14} {'nodes':>5} {'series':>7} {'plain KB':>9} "
           f"{'gzip KB':>8} {'ratio':>6}")  # fmt: skip
     fleet_series = []
-    for level in levels:
+    for level in [*levels, *([NO_DCGM] if NO_DCGM in per_level else [])]:
         for profile, sizes in per_level.get(level, {}).items():
             s = statistics.median(x[0] for x in sizes)
             plain = statistics.median(x[1] for x in sizes)

@@ -3,8 +3,6 @@
 
 Sources of truth, edited by hand:
     daemonset/rules/gpuscope.rules.yml   Prometheus recording and alerting rules
-    daemonset/rules/dcgm-compat.rules.yml  the optional DCGM compatibility rules (copied as they
-                                         are, and rewritten with exported_* holder labels)
     dashboards/*.json                    Grafana dashboards
     agent/gpu/xid_catalog.py             the critical XIDs
 
@@ -22,13 +20,6 @@ Generated from them (never edit these; tests/deploy/test_deploy_assets.py fails 
     daemonset/base/prometheusrule.yaml                       PrometheusRule (Prometheus Operator)
     daemonset/overlays/plain-prometheus/rules-configmap.yaml  ConfigMap gpuscope-rules
     daemonset/base/dashboards.yaml                           one ConfigMap per dashboard
-    daemonset/overlays/dcgm-compat/prometheusrule.yaml       PrometheusRule gpuscope-dcgm-compat
-    daemonset/overlays/plain-prometheus-dcgm-compat/rules-configmap.yaml
-                                                  ConfigMap gpuscope-dcgm-compat-rules
-    daemonset/rules/dcgm-compat-exported-labels.rules.yml    the compatibility rules with
-                                                  exported_namespace/_pod/_container
-    daemonset/components/dcgm-compat-exported-labels/*-patch.yaml
-                                                  the component's patches that swap them in
 
 Usage: scripts/gen-deploy-assets.py [--check] [--cluster-label NAME]
     --check: exit 1 if a file is stale; --cluster-label: the label that names the cluster
@@ -58,18 +49,6 @@ DASHBOARDS = REPO / "dashboards"
 PROMETHEUS_RULE = REPO / "daemonset" / "base" / "prometheusrule.yaml"
 RULES_CONFIGMAP = REPO / "daemonset" / "overlays" / "plain-prometheus" / "rules-configmap.yaml"
 DASHBOARDS_CONFIGMAPS = REPO / "daemonset" / "base" / "dashboards.yaml"
-DCGM_COMPAT_RULES = REPO / "daemonset" / "rules" / "dcgm-compat.rules.yml"
-DCGM_COMPAT_PROMETHEUS_RULE = (
-    REPO / "daemonset" / "overlays" / "dcgm-compat" / "prometheusrule.yaml"
-)
-DCGM_COMPAT_CONFIGMAP = (
-    REPO / "daemonset" / "overlays" / "plain-prometheus-dcgm-compat" / "rules-configmap.yaml"
-)
-DCGM_COMPAT_KEY = "dcgm-compat.rules.yml"
-DCGM_COMPAT_EXPORTED_RULES = REPO / "daemonset" / "rules" / "dcgm-compat-exported-labels.rules.yml"
-DCGM_COMPAT_EXPORTED_COMPONENT = REPO / "daemonset" / "components" / "dcgm-compat-exported-labels"
-DCGM_COMPAT_EXPORTED_RULE_PATCH = DCGM_COMPAT_EXPORTED_COMPONENT / "prometheusrule-patch.yaml"
-DCGM_COMPAT_EXPORTED_CONFIGMAP_PATCH = DCGM_COMPAT_EXPORTED_COMPONENT / "rules-configmap-patch.yaml"
 SCHEDULING_DOC = REPO / "docs" / "scheduling.md"
 ALERTS_DOC = REPO / "docs" / "alerts.md"
 
@@ -338,122 +317,6 @@ def render_rules_configmap() -> str:
     return _header("daemonset/rules/gpuscope.rules.yml") + _dump(doc)
 
 
-# --- the DCGM compatibility rules with exported_* holder labels -----------------------------
-
-# dcgm-exporter's own labels for the container holding a GPU are namespace, pod and container.
-# Scraped with honorLabels: false (the GPU Operator's ServiceMonitor, dcgm-exporter's Helm
-# chart), they collide with the target's own namespace/pod/container (dcgm-exporter's pod) and
-# Prometheus stores them as exported_namespace, exported_pod, exported_container: the per-pod
-# dashboards and alerts of those clusters query these. The variant differs from the source in
-# the label join alone (and its group's name, so that Prometheus's rule pages say which is
-# loaded): the holders' labels are renamed where they enter it.
-HOLDER_LABELS = ("namespace", "pod", "container")
-EXPORTED_GROUP_SUFFIX = "-exported-labels"
-_HOLDER_BY = re.compile(r"(DCGM_FI_DRIVER_VERSION,\s*)namespace, pod, container(\s*\))")
-_HOLDER_SOURCE = re.compile(
-    r"( *)max by \(job, instance, uuid, namespace, pod, container\) \(\s*"
-    r'gpuscope_gpu_allocation_info\{uuid!=""\}\s*\)'
-)
-_COMPAT_GROUP = re.compile(r"(?m)^(  - name: gpuscope\.dcgm-compat)$")
-
-
-def _exported_holders(m: re.Match[str]) -> str:
-    """The allocations' aggregation, its holder labels renamed to exported_* first."""
-    pad = m.group(1)
-    renames = ",".join(
-        f'\n{pad}    "exported_{label}", "$1", "{label}", "(.*)")' for label in HOLDER_LABELS
-    )
-    return (
-        f"{pad}max by (\n"
-        f"{pad}  job, instance, uuid, exported_namespace, exported_pod, exported_container\n"
-        f"{pad}) (\n"
-        f"{pad}  label_replace(label_replace(label_replace(\n"
-        f'{pad}      gpuscope_gpu_allocation_info{{uuid!=""}},'
-        f"{renames}\n{pad})"
-    )
-
-
-def _sub_once(
-    pattern: re.Pattern[str], repl: str | Callable[[re.Match[str]], str], text: str
-) -> str:
-    """`pattern` replaced exactly once: a source whose join changed shape fails the generator
-    (and the test suite) instead of producing a variant that still says namespace/pod."""
-    out, n = pattern.subn(repl, text)
-    if n != 1:
-        raise ValueError(
-            f"{DCGM_COMPAT_RULES.relative_to(REPO)}: {pattern.pattern!r} matched {n} times, not"
-            " once: update the exported_* rewrite in scripts/gen-deploy-assets.py"
-        )
-    return out
-
-
-def dcgm_compat_exported_text() -> str:
-    """The compatibility rules file with exported_namespace/_pod/_container on every series."""
-    text = _sub_once(
-        _HOLDER_BY,
-        r"\1exported_namespace, exported_pod, exported_container\2",
-        DCGM_COMPAT_RULES.read_text(),
-    )
-    text = _sub_once(_HOLDER_SOURCE, _exported_holders, text)
-    text = _sub_once(_COMPAT_GROUP, r"\1" + EXPORTED_GROUP_SUFFIX, text)
-    note = (
-        "#\n"
-        "# The exported_* variant: every series that the comments below say carries namespace,\n"
-        "# pod and container carries exported_namespace, exported_pod and exported_container\n"
-        "# instead, as dcgm-exporter's series do when scraped with honorLabels: false (the GPU\n"
-        "# Operator's ServiceMonitor). Load this file or dcgm-compat.rules.yml, never both.\n"
-        "#\n"
-    )
-    return _header("daemonset/rules/dcgm-compat.rules.yml") + note + text
-
-
-def render_dcgm_compat_exported_rule_patch() -> str:
-    """The component's JSON patch: the PrometheusRule's groups become the exported_* variant's."""
-    groups = yaml.safe_load(dcgm_compat_exported_text())["groups"]
-    ops = [{"op": "replace", "path": "/spec/groups", "value": groups}]
-    return _header("daemonset/rules/dcgm-compat.rules.yml") + _dump(ops)
-
-
-def render_dcgm_compat_exported_configmap_patch() -> str:
-    """The component's JSON patch for the plain-Prometheus ConfigMap: the same key (so the mount
-    and rule_files stay as they are), the exported_* variant's text."""
-    ops = [
-        {"op": "replace", "path": f"/data/{DCGM_COMPAT_KEY}", "value": dcgm_compat_exported_text()}
-    ]
-    return _header("daemonset/rules/dcgm-compat.rules.yml") + _dump(ops)
-
-
-def render_dcgm_compat_prometheus_rule() -> str:
-    """The DCGM compatibility rules as a PrometheusRule of their own, so that the overlay adds
-    them beside (never into) the main one and removing the overlay removes exactly them."""
-    groups = yaml.safe_load(DCGM_COMPAT_RULES.read_text())["groups"]
-    doc = {
-        "apiVersion": "monitoring.coreos.com/v1",
-        "kind": "PrometheusRule",
-        "metadata": {
-            "name": "gpuscope-dcgm-compat",
-            "namespace": NAMESPACE,
-            "labels": dict(LABELS),
-        },
-        "spec": {"groups": groups},
-    }
-    return _header("daemonset/rules/dcgm-compat.rules.yml") + _dump(doc)
-
-
-def render_dcgm_compat_configmap() -> str:
-    doc = {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {
-            "name": "gpuscope-dcgm-compat-rules",
-            "namespace": NAMESPACE,
-            "labels": dict(LABELS),
-        },
-        "data": {DCGM_COMPAT_KEY: DCGM_COMPAT_RULES.read_text()},
-    }
-    return _header("daemonset/rules/dcgm-compat.rules.yml") + _dump(doc)
-
-
 def render_dashboards(label: str = CLUSTER_LABEL) -> str:
     docs = []
     for path in dashboard_files():
@@ -486,11 +349,6 @@ def render_all(label: str = CLUSTER_LABEL) -> dict[Path, str]:
         PROMETHEUS_RULE: render_prometheus_rule(),
         RULES_CONFIGMAP: render_rules_configmap(),
         DASHBOARDS_CONFIGMAPS: render_dashboards(label),
-        DCGM_COMPAT_PROMETHEUS_RULE: render_dcgm_compat_prometheus_rule(),
-        DCGM_COMPAT_CONFIGMAP: render_dcgm_compat_configmap(),
-        DCGM_COMPAT_EXPORTED_RULES: dcgm_compat_exported_text(),
-        DCGM_COMPAT_EXPORTED_RULE_PATCH: render_dcgm_compat_exported_rule_patch(),
-        DCGM_COMPAT_EXPORTED_CONFIGMAP_PATCH: render_dcgm_compat_exported_configmap_patch(),
     }
 
 

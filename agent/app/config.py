@@ -127,6 +127,14 @@ class AgentOptions:
         check=lambda v: _pattern_problem(v),
         shown="none",
     )
+    dcgm_compat: str = flag(
+        "off",
+        "off, on or exported-labels: also serve dcgm-exporter's default counters as it does "
+        "(DCGM_FI_* names, units, label names); exported-labels names the holding container "
+        "exported_namespace, exported_pod, exported_container "
+        "(docs/migrating-from-dcgm-exporter.md)",
+        parse=one_of("off", "on", "exported-labels"),
+    )
     collect_deadline: float = flag(
         5.0,
         "seconds a scrape waits for each collector and stage (counted from when its work "

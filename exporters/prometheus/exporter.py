@@ -22,7 +22,7 @@ import gpuscope
 from gpuscope.exporters.prometheus.attribution import render_attribution
 from gpuscope.exporters.prometheus.families import Families
 from gpuscope.exporters.prometheus.pod_bound import PodBound, per_pod_sources
-from gpuscope.exporters.prometheus.render import RenderContext, Renderer
+from gpuscope.exporters.prometheus.render import CompatRenderer, RenderContext, Renderer
 from gpuscope.exporters.scrape import ATTRIBUTION_STAGE, Scrape
 
 if TYPE_CHECKING:
@@ -51,6 +51,8 @@ class Exposition:
     node_label: str | None = None  # node="<this>" on every series (--series-node-label)
     # The enabled accelerator collectors (role ACCELERATOR), in registry order.
     accelerators: tuple[Keyed[AnyAccelerators], ...] = ()
+    # dcgm-exporter's names (--dcgm-compat); None when the option is off.
+    compat: CompatRenderer[Any] | None = None
 
     def pod_bound(self) -> PodBound:
         """The bound, with a counter for each enabled collector with per-pod series and for
@@ -101,6 +103,8 @@ class PrometheusExporter:
             _status(out, scraped.attribution_status, scraped.attribution_status.success)
         if attribution is not None:
             self._render("attribution", out, lambda batch: render_attribution(attribution, batch))
+        if self._exposition.compat is not None:
+            self._render_compat(self._exposition.compat, scraped, out)
         self._pod_bound.apply(out)  # after every per-pod family is rendered
         if scraped.process is not None:
             _process(out, scraped.process)
@@ -115,6 +119,16 @@ class PrometheusExporter:
         out: Families,
     ) -> bool:
         return self._render(name, out, lambda batch: renderer.render(records, batch, ctx))
+
+    def _render_compat(self, compat: CompatRenderer[Any], scraped: Scrape, out: Families) -> None:
+        """Another exporter's names from its collector's records as they are served (a
+        stuck collector's last good ones too), and the holders attribution found; a
+        failure leaves them out of this scrape, and the rest of it intact."""
+        result = scraped.collection.result(compat.records)
+        if result is None or result.records is None or not (result.success or result.stuck):
+            return
+        records, attribution = result.records, scraped.attribution
+        self._render(compat.name, out, lambda batch: compat.render(records, attribution, batch))
 
     def _render(self, name: str, out: Families, render: Callable[[Families], None]) -> bool:
         """Render into a batch of its own, merged only if rendering succeeded: one broken

@@ -201,11 +201,16 @@ def _new_family(spec: MetricSpec, extra: tuple[str, ...] = ()) -> Metric:
         CounterMetricFamily,
         GaugeMetricFamily,
         HistogramMetricFamily,
+        UnknownMetricFamily,
     )
 
     labels = [*spec.labels, *extra]
     if spec.kind == "histogram":
         return HistogramMetricFamily(spec.name, spec.help, labels=labels)
+    if spec.kind == "counter" and not spec.name.endswith("_total"):
+        # Another exporter's counter named without _total (dcgm-exporter's, --dcgm-compat):
+        # OpenMetrics would serve it as <name>_total; its name is kept, typed unknown.
+        return UnknownMetricFamily(spec.name, spec.help, labels=labels)
     if spec.kind == "counter":
         return CounterMetricFamily(spec.family_name, spec.help, labels=labels)
     return GaugeMetricFamily(spec.family_name, spec.help, labels=labels)

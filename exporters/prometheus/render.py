@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 if TYPE_CHECKING:
     from gpuscope.agent.attribution.records import Attribution
+    from gpuscope.agent.runtime.sources import Keyed
     from gpuscope.agent.runtime.spec import CollectorSpec
     from gpuscope.exporters.prometheus.families import Families
     from gpuscope.exporters.prometheus.spec import MetricSpec
@@ -42,6 +43,19 @@ class Renderer(Generic[R, O]):
     metrics: tuple[MetricSpec, ...]
     # (records, out, context); renderers that need no context take it as optional.
     render: Callable[[R, Families, RenderContext[O]], None]
+
+
+@dataclass(frozen=True, slots=True)
+class CompatRenderer(Generic[R]):
+    """Another exporter's names served from one collector's records and what the
+    attribution stage added (`--dcgm-compat`: exporters/prometheus/dcgm.py). Handed to the
+    exporter only when the option is on; rendered in a batch of its own, so a failure
+    leaves the rest of the scrape intact."""
+
+    name: str  # for the log
+    records: Keyed[R]  # the collector whose records it renders
+    metrics: tuple[MetricSpec, ...]  # what it may emit: part of the agent's catalog then
+    render: Callable[[R, Attribution | None, Families], None]
 
 
 def _named(reference: str) -> Any:

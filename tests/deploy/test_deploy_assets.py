@@ -7,9 +7,8 @@ and daemonset/base/dashboards.yaml come from scripts/gen-deploy-assets.py. After
 daemonset/rules/gpuscope.rules.yml or dashboards/*.json, regenerate them with
 `scripts/gen-deploy-assets.py` or
 `GPUSCOPE_UPDATE_GOLDEN=1 pytest tests/deploy/test_deploy_assets.py` (`make golden-update` does
-it too). The DCGM compatibility rules (daemonset/rules/dcgm-compat.rules.yml) become
-daemonset/overlays/dcgm-compat/prometheusrule.yaml and
-daemonset/overlays/plain-prometheus-dcgm-compat/rules-configmap.yaml the same way."""
+it too). The DCGM compatibility names are the agent's (--dcgm-compat), not rules: the
+overlay and components that turn them on are checked here too."""
 
 from __future__ import annotations
 
@@ -78,101 +77,55 @@ def test_rules_configmap_holds_the_rules_file() -> None:
     assert doc["data"] == {"gpuscope.rules.yml": RULES.read_text()}
 
 
-DCGM_COMPAT_RULES = REPO / "daemonset" / "rules" / "dcgm-compat.rules.yml"
-DCGM_COMPAT_EXPORTED_RULES = REPO / "daemonset" / "rules" / "dcgm-compat-exported-labels.rules.yml"
+# --- the DCGM compatibility names: the agent's option, set by a component ----------------
+
+DCGM_COMPONENTS = {"dcgm-compat": "on", "dcgm-compat-exported-labels": "exported-labels"}
 
 
-def test_dcgm_compat_overlay_adds_its_own_prometheus_rule_beside_the_base() -> None:
-    """The compatibility rules come as a PrometheusRule of their own, only with the overlay:
-    the base and the other overlays never record DCGM_FI_* names."""
-    docs = render("overlays/dcgm-compat")
-    rules = {d["metadata"]["name"]: d for d in find(docs, "PrometheusRule")}
-    assert set(rules) == {"gpuscope", "gpuscope-dcgm-compat"}
-    compat = rules["gpuscope-dcgm-compat"]
-    assert compat["metadata"]["namespace"] == "gpuscope"
-    assert compat["spec"]["groups"] == yaml.safe_load(DCGM_COMPAT_RULES.read_text())["groups"]
+def agent_args(docs: list[dict[str, Any]]) -> list[str]:
+    (ds,) = find(docs, "DaemonSet", "gpuscope")
+    agent = ds["spec"]["template"]["spec"]["containers"][0]  # what the components patch
+    args: list[str] = agent["args"]
+    return args
+
+
+def test_dcgm_compat_overlay_is_the_base_with_the_agents_option_on() -> None:
+    """The overlay adds no object (no rules to load) and one agent argument; the base and
+    the other overlays serve no DCGM_FI_* name."""
+    docs, base = render("overlays/dcgm-compat"), render("base")
+    assert agent_args(docs) == [*agent_args(base), "--dcgm-compat=on"]
+    assert [(d["kind"], d["metadata"]["name"]) for d in docs] == [
+        (d["kind"], d["metadata"]["name"]) for d in base
+    ]
+    assert "dcgm-compat" not in render_text("base")
     assert "DCGM_FI_" not in render_text("base")
-    base = [(d["kind"], d["metadata"]["name"]) for d in render("base")]
-    assert sorted([*base, ("PrometheusRule", "gpuscope-dcgm-compat")]) == sorted(
-        (d["kind"], d["metadata"]["name"]) for d in docs
-    )
 
 
-def test_plain_prometheus_dcgm_compat_overlay_adds_the_rules_file_as_a_configmap() -> None:
-    docs = render("overlays/plain-prometheus-dcgm-compat")
-    assert not [d for d in docs if d["apiVersion"].startswith("monitoring.coreos.com/")]
-    (compat,) = find(docs, "ConfigMap", "gpuscope-dcgm-compat-rules")
-    assert compat["data"] == {"dcgm-compat.rules.yml": DCGM_COMPAT_RULES.read_text()}
-    plain = [(d["kind"], d["metadata"]["name"]) for d in render("overlays/plain-prometheus")]
-    assert sorted([*plain, ("ConfigMap", "gpuscope-dcgm-compat-rules")]) == sorted(
-        (d["kind"], d["metadata"]["name"]) for d in docs
-    )
-
-
-# --- the exported_* variant: a component that swaps the rules in either overlay -----------
-
-EXPORTED_COMPONENT = REPO / "daemonset" / "components" / "dcgm-compat-exported-labels"
-
-
-@pytest.mark.parametrize(
-    "overlay", ["overlays/dcgm-compat", "overlays/plain-prometheus-dcgm-compat"]
-)
-def test_the_exported_labels_component_swaps_the_compat_rules_and_nothing_else(
-    tmp_path: Path, overlay: str
+@pytest.mark.parametrize("component", DCGM_COMPONENTS)
+@pytest.mark.parametrize("overlay", ["base", "overlays/plain-prometheus", "overlays/gpu-operator"])
+def test_each_dcgm_component_sets_its_variant_on_any_overlay(
+    tmp_path: Path, overlay: str, component: str
 ) -> None:
-    """With the component, the overlay's compatibility rules are the exported_* variant (the
-    PrometheusRule's groups, or the ConfigMap's file under the same key); every other object
-    is the overlay's own."""
-    docs = compose(tmp_path, overlay, EXPORTED_COMPONENT.name)
+    docs = compose(tmp_path, overlay, component)
     plain = render(overlay)
-    exported_text = DCGM_COMPAT_EXPORTED_RULES.read_text()
-    if overlay == "overlays/dcgm-compat":
-        (compat,) = find(docs, "PrometheusRule", "gpuscope-dcgm-compat")
-        assert compat["spec"]["groups"] == yaml.safe_load(exported_text)["groups"]
-        (before,) = find(plain, "PrometheusRule", "gpuscope-dcgm-compat")
-    else:
-        (compat,) = find(docs, "ConfigMap", "gpuscope-dcgm-compat-rules")
-        assert compat["data"] == {"dcgm-compat.rules.yml": exported_text}
-        (before,) = find(plain, "ConfigMap", "gpuscope-dcgm-compat-rules")
-    assert compat["metadata"] == before["metadata"]
-    assert [d for d in docs if d is not compat] == [d for d in plain if d != before]
-    by_list = "exported_namespace, exported_pod, exported_container"  # the join's by()
-    assert by_list in json.dumps(compat) and by_list not in json.dumps(plain)
+    assert agent_args(docs) == [*agent_args(plain), f"--dcgm-compat={DCGM_COMPONENTS[component]}"]
+    (ds,) = find(docs, "DaemonSet", "gpuscope")
+    assert [d for d in docs if d is not ds] == [d for d in plain if d["kind"] != "DaemonSet"]
 
 
-def test_the_exported_labels_component_composes_with_the_release_label(tmp_path: Path) -> None:
-    """kube-prometheus-stack users add the release label too: both components patch the same
-    PrometheusRule, one its labels, the other its groups."""
-    docs = compose(tmp_path, "overlays/dcgm-compat", "release-label", EXPORTED_COMPONENT.name)
-    (compat,) = find(docs, "PrometheusRule", "gpuscope-dcgm-compat")
-    assert compat["metadata"]["labels"]["release"] == "kube-prometheus-stack"
-    exported = yaml.safe_load(DCGM_COMPAT_EXPORTED_RULES.read_text())["groups"]
-    assert compat["spec"]["groups"] == exported
+def test_the_agent_accepts_what_the_components_set() -> None:
+    from gpuscope.agent.app.config import parse
+
+    for value in DCGM_COMPONENTS.values():
+        assert parse([f"--dcgm-compat={value}"], env={}).agent.dcgm_compat == value
 
 
-def test_the_overlays_name_the_component_as_their_switch() -> None:
-    """The switch is documented where it is thrown: a commented `components:` entry that,
-    uncommented, is the path of the component."""
-    for overlay in ("dcgm-compat", "plain-prometheus-dcgm-compat"):
-        text = (REPO / "daemonset" / "overlays" / overlay / "kustomization.yaml").read_text()
-        assert "#   - ../../components/dcgm-compat-exported-labels" in text, overlay
-        target = (REPO / "daemonset" / "overlays" / overlay / "../../components").resolve()
-        assert (target / "dcgm-compat-exported-labels" / "kustomization.yaml").exists()
-
-
-def test_the_exported_variant_fails_loudly_when_the_source_join_changes(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    """A source whose label join no longer has the shape the rewrite expects must stop the
-    generator, not yield a variant that still labels namespace/pod/container."""
-    gen = generator()
-    changed = tmp_path / "dcgm-compat.rules.yml"
-    text = DCGM_COMPAT_RULES.read_text()
-    changed.write_text(text.replace("DCGM_FI_DRIVER_VERSION, namespace, pod, container", "x"))
-    monkeypatch.setattr(gen, "DCGM_COMPAT_RULES", changed)
-    monkeypatch.setattr(gen, "REPO", tmp_path)
-    with pytest.raises(ValueError, match="matched 0 times"):
-        gen.dcgm_compat_exported_text()
+def test_no_dcgm_rules_are_shipped() -> None:
+    """The recording-rule layer is gone: nothing under daemonset/ records DCGM_FI_* names."""
+    shipped = [
+        p for p in (REPO / "daemonset").rglob("*.y*ml") if "record: DCGM_FI_" in p.read_text()
+    ]
+    assert not shipped
 
 
 def test_one_configmap_per_dashboard_for_the_grafana_sidecar() -> None:

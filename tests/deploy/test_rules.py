@@ -10,7 +10,6 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from tests.support import dcgm
@@ -154,190 +153,27 @@ def test_every_metric_and_label_the_rules_select_exists() -> None:
     assert not problems, "\n".join(problems)
 
 
-# --- the DCGM compatibility layer (daemonset/rules/dcgm-compat.rules.yml) ------------------
-# Both variants: the source, with namespace/pod/container, and the exported_* one that
-# scripts/gen-deploy-assets.py derives from it (tests/deploy/test_deploy_assets.py checks the
-# derivation). dcgm-exporter's counters come from the fixture tests/rules/dcgm-exporter/.
+# --- the migration guide's tables against dcgm-exporter's counter list ----------------------
+# The DCGM compatibility names are served by the agent (--dcgm-compat,
+# exporters/prometheus/catalog_dcgm.py); the guide's tables are held to the counter list here
+# and to the catalog, tests/unit/exporters/test_dcgm_render.py holds the catalog to the list.
 
-DCGM_COMPAT_PROMETHEUS_RULE = (
-    REPO / "daemonset" / "overlays" / "dcgm-compat" / "prometheusrule.yaml"
-)
-# Recorded although not in the list: the PCIe names of its default list before dcgm-exporter
+# Served although not in the list: the PCIe names of its default list before dcgm-exporter
 # 3.3.7, and the profiling fields the list leaves commented out.
-OUTSIDE_DEFAULT_LIST = frozenset(
+OUTSIDE_DEFAULT_LIST = (
     {"DCGM_FI_DEV_PCIE_TX_THROUGHPUT", "DCGM_FI_DEV_PCIE_RX_THROUGHPUT"}
     | {"DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_SM_OCCUPANCY"}
     | {"DCGM_FI_PROF_PIPE_FP64_ACTIVE", "DCGM_FI_PROF_PIPE_FP32_ACTIVE"}
     | {"DCGM_FI_PROF_PIPE_FP16_ACTIVE"}
 )
-SCRAPE_JOIN_LABELS = frozenset({"job", "instance"})
-DCGM_MIG_LABELS = frozenset({"GPU_I_ID", "GPU_I_PROFILE"})
-DCGM_GPU_LABELS = "gpu_pod:gpuscope_gpu_dcgm_labels:info"
-DCGM_MIG_LABELS_RULE = "gpu_instance:gpuscope_mig_dcgm_labels:info"
-DCGM_LABEL_JOIN = f"* on (job, instance, gpu) group_right () {DCGM_GPU_LABELS}"
-DCGM_MIG_JOIN = f"* on (job, instance, mig_uuid) group_right () {DCGM_MIG_LABELS_RULE}"
-# A rule derived from a DCGM_FI_* series recorded earlier in the group, by a unit factor
-# (the pre-3.3.7 PCIe names, KiB/s of the bytes per second): it inherits that one's labels.
-DERIVED = re.compile(r"(DCGM_FI_\w+) / (\d+)")
-VARIANT_PARAMS = pytest.mark.parametrize(
-    "variant", list(dcgm.VARIANTS), ids=[p.name for p in dcgm.VARIANTS]
-)
 
 
-def _outer_by(expr: str) -> set[str]:
-    m = re.match(r"\w+ by \(([^)]*)\)", " ".join(expr.split()))
-    return {x.strip() for x in m.group(1).split(",")} if m else set()
+def test_the_agent_serves_the_list_and_the_names_outside_it() -> None:
+    from gpuscope.exporters.prometheus.catalog_dcgm import FIELDS
 
-
-@VARIANT_PARAMS
-def test_promtool_accepts_the_compat_rules(variant: Path) -> None:
-    proc = promtool("check", "rules", variant)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"SUCCESS: {len(dcgm.compat_rules(variant))} rules found" in proc.stdout
-
-
-def test_promtool_accepts_the_compat_prometheus_rule(tmp_path: Path) -> None:
-    spec = yaml.safe_load(DCGM_COMPAT_PROMETHEUS_RULE.read_text())["spec"]
-    path = tmp_path / "dcgm-compat-groups.yml"
-    path.write_text(yaml.safe_dump({"groups": spec["groups"]}, sort_keys=False))
-    proc = promtool("check", "rules", path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"SUCCESS: {len(dcgm.compat_rules())} rules found" in proc.stdout
-
-
-def test_compat_layer_records_every_dcgm_field_gpuscope_has_a_source_for() -> None:
-    """Every series counter of dcgm-exporter's list but those gpuscope cannot source, plus
-    the older and optional names; nothing else."""
-    recorded = dcgm.recorded_names()
-    assert not [r for r in dcgm.compat_rules() if "alert" in r], "the compat layer only records"
-    assert len(recorded) == len(set(recorded))
     listed = {c.name for c in dcgm.metric_counters()}
-    assert set(dcgm.NO_GPUSCOPE_SOURCE) <= listed
-    assert not OUTSIDE_DEFAULT_LIST & listed, "now in the list: move it to the first table"
-    assert set(recorded) == listed - set(dcgm.NO_GPUSCOPE_SOURCE) | OUTSIDE_DEFAULT_LIST
-    assert dcgm.recorded_names(dcgm.DCGM_COMPAT_EXPORTED) == recorded
-
-
-@VARIANT_PARAMS
-def test_compat_helper_rules_follow_level_metric_operations(variant: Path) -> None:
-    for r in dcgm.compat_rules(variant):
-        if r["record"].startswith("DCGM_FI_"):
-            continue
-        level, metric, ops = r["record"].split(":")
-        assert metric.startswith("gpuscope_") and re.fullmatch(r"[a-z]+(_[a-z]+)*", ops)
-        for label in level.split("_"):
-            assert label in r["expr"], f"{r['record']}: level {label} not in its expression"
-
-
-@VARIANT_PARAMS
-def test_every_compat_series_gets_dcgm_exporters_labels_from_the_joins(variant: Path) -> None:
-    """The label sets are the joins' own by() lists, and every DCGM_FI_* term ends with a join
-    (group_right: the labels are the join's), so none can drift from dcgm-exporter's. A rule
-    is the per-GPU term, then for the fields DCGM has per MIG GPU instance `or` the MIG term;
-    or a unit factor of a DCGM_FI_* series recorded before it, whose labels it keeps."""
-    holders = set(dcgm.VARIANTS[variant])
-    rules = dcgm.compat_rules(variant)
-    info = {r["record"]: r for r in rules if r["record"].endswith(":info")}
-    assert _outer_by(info[DCGM_GPU_LABELS]["expr"]) == dcgm.DEVICE_LABELS | holders | (
-        SCRAPE_JOIN_LABELS
-    )
-    mig_labels = dcgm.DEVICE_LABELS | SCRAPE_JOIN_LABELS | DCGM_MIG_LABELS
-    assert _outer_by(info[DCGM_MIG_LABELS_RULE]["expr"]) == mig_labels | {"mig_uuid"}
-    seen: list[str] = []
-    for r in rules:
-        if not r["record"].startswith("DCGM_FI_"):
-            continue
-        expr = " ".join(r["expr"].split())
-        derived = DERIVED.fullmatch(expr)
-        if derived:
-            assert derived.group(1) in seen, (
-                f"{r['record']}: {derived.group(1)} not recorded before"
-            )
-        else:
-            gpu_term, _, mig_term = expr.partition(" or max without (mig_uuid) (")
-            assert gpu_term.endswith(DCGM_LABEL_JOIN), r["record"]
-            assert not mig_term or mig_term.endswith(f"{DCGM_MIG_JOIN} )"), r["record"]
-        seen.append(r["record"])
-
-
-# One series per GPU whatever its other labels: they describe the GPU.
-PER_GPU_INFO = frozenset({"gpuscope_gpu_info"})
-
-
-@VARIANT_PARAMS
-def test_every_compat_source_series_is_unique_per_gpu_or_mig_device(variant: Path) -> None:
-    """The DCGM_FI_* terms join the agent's series as they are, with no aggregation first
-    (docs/performance.md, #25): that is only safe while each selector picks one series per
-    (job, instance, gpu), or per (job, instance, mig_uuid) in a MIG term. So every label the
-    agent's catalog gives a source beyond gpu, uuid and mig_uuid must be pinned by an
-    equality matcher of the selector; a new label on a source family fails here, not in a
-    cluster with a many-to-many error."""
-    catalog = known_series()
-    identity = {"gpu", "uuid", "mig_uuid"} | SCRAPE_JOIN_LABELS | {"node", "cluster"}
-    problems = []
-    for r in dcgm.compat_rules(variant):
-        if not r["record"].startswith("DCGM_FI_"):
-            continue
-        expr = " ".join(r["expr"].split())
-        for metric, _ in selectors(expr):
-            if not metric.startswith("gpuscope_") or metric in PER_GPU_INFO:
-                continue
-            pinned = {
-                m.group(1)
-                for sel in re.findall(rf"\b{metric}\{{([^}}]*)\}}", expr)
-                for m in re.finditer(r'(\w+)="[^"]*"', sel)
-            }
-            loose = catalog[metric] - identity - pinned
-            if loose:
-                problems.append(f"{r['record']}: {metric} not unique per GPU: {sorted(loose)}")
-    assert not problems, "\n".join(problems)
-
-
-def test_the_exported_variant_renames_the_holders_and_nothing_else() -> None:
-    """Its rules are the source's but for the label join, and that join names no namespace,
-    pod or container label of its own (the allocations' are renamed as they enter)."""
-    source = {r["record"]: r["expr"] for r in dcgm.compat_rules()}
-    exported = {r["record"]: r["expr"] for r in dcgm.compat_rules(dcgm.DCGM_COMPAT_EXPORTED)}
-    assert list(exported) == list(source)
-    assert [k for k in source if source[k] != exported[k]] == [DCGM_GPU_LABELS]
-    join = exported[DCGM_GPU_LABELS]
-    for label in dcgm.HOLDER_LABELS:
-        assert f'"exported_{label}", "$1", "{label}", "(.*)"' in join
-        assert not re.search(
-            rf"(?<![\w\"]){label}(?=[,)\s])", join.replace(f"exported_{label}", "")
-        ), label
-
-
-def test_every_compat_recording_rule_has_a_checked_value() -> None:
-    exprs = [e for t in _rule_tests() for e in t.get("promql_expr_test", [])]
-    missing = [
-        r["record"]
-        for r in dcgm.compat_rules()
-        if not any(e["expr"].strip() == r["record"] and e.get("exp_samples") for e in exprs)
-    ]
-    assert not missing, f"compat recording rules without a promql_expr_test: {missing}"
-
-
-@VARIANT_PARAMS
-def test_every_metric_and_label_the_compat_rules_select_exists(variant: Path) -> None:
-    known = known_series()
-    rules = dcgm.compat_rules(variant)
-    for r in rules:
-        derived = DERIVED.fullmatch(" ".join(r["expr"].split()))
-        known[r["record"]] = (
-            known[derived.group(1)] if derived else _outer_by(r["expr"]) or {"digit"}
-        )
-    problems = []
-    for rule in rules:
-        for metric, labels in selectors(rule["expr"]):
-            if metric not in known:
-                problems.append(f"{rule['record']}: unknown {metric}")
-            elif labels - known[metric]:
-                problems.append(f"{rule['record']}: {metric} {labels}")
-    assert not problems, "\n".join(problems)
-
-
-# --- the migration guide's tables against dcgm-exporter's counter list ----------------------
+    served = {f.name for f in FIELDS}
+    assert served == listed - set(dcgm.NO_GPUSCOPE_SOURCE) | OUTSIDE_DEFAULT_LIST
 
 
 def test_the_guides_default_table_is_dcgm_exporters_list_with_its_types_and_units() -> None:
@@ -353,11 +189,11 @@ def test_the_guides_default_table_is_dcgm_exporters_list_with_its_types_and_unit
     }
     assert not wrong, f"type, unit differ from the counter list's: {wrong}"
     for r, c in zip(rows, counters, strict=True):
-        recorded = "none: not recorded" not in r[3]
-        assert recorded == (c.name not in dcgm.NO_GPUSCOPE_SOURCE), f"{c.name}: {r[3]}"
+        served = "none: not served" not in r[3]
+        assert served == (c.name not in dcgm.NO_GPUSCOPE_SOURCE), f"{c.name}: {r[3]}"
 
 
-def test_the_guides_second_table_has_the_recorded_names_outside_the_list() -> None:
+def test_the_guides_second_table_has_the_served_names_outside_the_list() -> None:
     rows = dcgm.guide_table("Outside the default list")
     assert {dcgm.first_cell_name(r) for r in rows} == OUTSIDE_DEFAULT_LIST
     assert len(rows) == len(OUTSIDE_DEFAULT_LIST)

@@ -1,29 +1,36 @@
-"""End to end, the DCGM compatibility layer: two real Prometheus servers scrape the real agent
-on the simulated node (tests/doubles/simnode.py: pods on GPUs 0-6, GPU 6 time-sliced between
-two notebooks, GPU 7 free), one with daemonset/rules/dcgm-compat.rules.yml loaded, one with
-its exported_* variant (dcgm-compat-exported-labels.rules.yml), and in both
+"""End to end, the agent's DCGM compatibility names (--dcgm-compat): two real agents on the
+simulated node (tests/doubles/simnode.py: pods on GPUs 0-6, GPU 6 time-sliced between two
+notebooks, GPU 7 free), one with `--dcgm-compat on`, one with `exported-labels`, each scraped
+by a real Prometheus of its own, and for both
 
 - every counter of dcgm-exporter's default list (the fixture
-  tests/rules/dcgm-exporter/default-counters.csv) is recorded, or has no series where gpuscope
-  has no source; every DCGM_FI_* rule records a series for every GPU that has its source (all
+  tests/rules/dcgm-exporter/default-counters.csv) is served, or has no series where gpuscope
+  has no source; every DCGM_FI_* name has a series for every GPU that has its source (all
   eight GPUs of the fake DGX H100 have them all), one per holding container;
 - each carries exactly dcgm-exporter's labels, with the values gpuscope's own series give:
   Hostname and hostname both the node, device nvidia<gpu>, UUID, modelName, pci_bus_id and
   DCGM_FI_DRIVER_VERSION from gpuscope_gpu_info, the holders in gpuscope_gpu_allocation_info
   (none on the free GPU) as namespace/pod/container, or exported_namespace/_pod/_container
-  in the variant;
-- each value equals the unit conversion of its source, queried at the recorded sample's own
-  timestamp (so both read the same samples): % = ratio x 100, MiB, MHz, mJ, B/s, KiB/s, MB/s,
-  and XID_ERRORS the highest XID number counted on the GPU, computed here from the xid labels.
+  in the variant, and the scrape's own target labels (job, instance, cluster, node);
+- each value equals the unit conversion of its source in the same scrape (queried at the
+  sample's own timestamp): % = ratio x 100, MiB, MHz, mJ, and XID_ERRORS the highest XID
+  number counted on the GPU, computed here from the xid labels. The throughputs are the GPU
+  source's per-second figures, which no gpuscope series holds: NVLink's, the counters'
+  increase between two collections, is held to `irate()` of gpuscope's byte counters (the
+  agents collect once per scrape here, --collection-max-age 0); PCIe's, on this driver the
+  sampler's latest throughput reading, to `rate()` over the last minute of the integrated
+  counter, within the steps that counter moves in (each GPU every 8 s here: one GPU a
+  sampler tick), once the agents have run for more than that minute (RATES_AFTER_S).
 
-The whole-GPU check runs the agent at the default detail level: SM, tensor and DRAM activity
-are then the seconds counters' rate over a minute, and SM occupancy and the FP pipes (full
-detail only) record nothing. On the fake's MIG profile (GPUs 6 and 7 in MIG mode), run at
-full detail, each GPU instance also has its own FB_USED, FB_FREE and DCGM_FI_PROF_* series
-with GPU_I_ID and GPU_I_PROFILE, valued as its MIG devices' gpuscope_mig_* series.
+The whole-GPU check runs the agents at the default detail level, with the SM, tensor and
+DRAM ratios included (--metrics-include) so that their DCGM names have a gpuscope series to
+be compared with; SM occupancy and the FP pipes (full detail only) serve nothing. On the
+fake's MIG profile (GPUs 6 and 7 in MIG mode), run at full detail, each GPU instance also
+has its own FB_USED, FB_FREE and DCGM_FI_PROF_* series with GPU_I_ID and GPU_I_PROFILE,
+valued as its MIG devices' gpuscope_mig_* series.
 
-A scrape ingested just after a rule evaluation can make one round of comparisons differ for
-a gauge that moved; the checks repeat until one round passes, within a bounded wait.
+The checks repeat until one round passes, within a bounded wait (the agents start, the
+holders are found, the XIDs are counted).
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ import pytest
 from tests.doubles.fakenvml.control import FakeNvml
 from tests.doubles.simnode import SimNode, training_scenario
 from tests.e2e import test_prometheus_e2e as prometheus_e2e
-from tests.e2e.test_prometheus_e2e import Prometheus, PromQLError
+from tests.e2e.test_prometheus_e2e import CLUSTER, Prometheus, PromQLError
 from tests.support import AgentProcess, dcgm, sim_node_args
 
 pytestmark = [
@@ -49,7 +56,6 @@ pytestmark = [
     pytest.mark.root(reason="the simulated node puts its pods in cgroups"),
 ]
 
-DCGM_COMPAT = dcgm.DCGM_COMPAT
 SIM_NODE = "sim-node-1"
 GPUS = 8
 SETTLE_TIMEOUT_S = 25.0
@@ -59,7 +65,7 @@ XIDS = {4: (13, 48), 5: (109,)}
 HOLDER_LABELS = dcgm.HOLDER_LABELS  # gpuscope_gpu_allocation_info's
 
 # Each compatibility series' source in dcgm-exporter's unit, one series per uuid: written
-# here from docs/metrics.md's units, independently of the rules' expressions.
+# here from docs/metrics.md's units, independently of the renderer.
 SOURCES: dict[str, str] = {
     "DCGM_FI_DEV_GPU_UTIL": "100 * gpuscope_gpu_utilization_ratio",
     "DCGM_FI_DEV_MEM_COPY_UTIL": "100 * gpuscope_gpu_memory_utilization_ratio",
@@ -78,18 +84,30 @@ SOURCES: dict[str, str] = {
     "DCGM_FI_DEV_PCIE_TX_THROUGHPUT": "rate(gpuscope_gpu_pcie_transmit_bytes_total[1m]) / 1024",
     "DCGM_FI_DEV_PCIE_RX_THROUGHPUT": "rate(gpuscope_gpu_pcie_receive_bytes_total[1m]) / 1024",
     "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": "gpuscope_gpu_pcie_replay_errors_total",
-    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": "(rate(gpuscope_gpu_nvlink_transmit_bytes_total[1m])"
-    " + rate(gpuscope_gpu_nvlink_receive_bytes_total[1m])) / 1e6",
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": "(irate(gpuscope_gpu_nvlink_transmit_bytes_total[30s])"
+    " + irate(gpuscope_gpu_nvlink_receive_bytes_total[30s])) / 1e6",
     "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": "gpuscope_gpu_remapped_rows_total"
     '{type="uncorrectable"}',
     "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": 'gpuscope_gpu_remapped_rows_total{type="correctable"}',
     "DCGM_FI_DEV_ROW_REMAP_FAILURE": "gpuscope_gpu_row_remap_failure",
     "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "gpuscope_gpu_graphics_engine_active_ratio",
-    # At the default detail level: the last minute's mean from the seconds counters.
-    "DCGM_FI_PROF_SM_ACTIVE": "rate(gpuscope_gpu_sm_active_seconds_total[1m])",
-    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "rate(gpuscope_gpu_tensor_active_seconds_total[1m])",
-    "DCGM_FI_PROF_DRAM_ACTIVE": "rate(gpuscope_gpu_dram_active_seconds_total[1m])",
+    # The last GPM window's ratios (served at the default level with INCLUDE_RATIOS).
+    "DCGM_FI_PROF_SM_ACTIVE": "gpuscope_gpu_sm_active_ratio",
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "gpuscope_gpu_tensor_active_ratio",
+    "DCGM_FI_PROF_DRAM_ACTIVE": "gpuscope_gpu_dram_active_ratio",
 }
+INCLUDE_RATIOS = "gpuscope_gpu_(sm|tensor|dram)_active_ratio"
+# Rates: the source's own window is not a gpuscope series, so the values are compared within
+# a tolerance (the module docstring says why each): relative, by name.
+RATE_TOLERANCE = {
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": 0.1,
+    **dict.fromkeys(
+        ["DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES",
+         "DCGM_FI_DEV_PCIE_TX_THROUGHPUT", "DCGM_FI_DEV_PCIE_RX_THROUGHPUT"],
+        0.2,
+    ),
+}  # fmt: skip
+RATES_AFTER_S = 80.0  # the PCIe counters' minute of history, and the first readings' hold
 # Sources served at full detail only: these record nothing at the default level.
 FULL_DETAIL_ONLY = {
     "DCGM_FI_PROF_SM_OCCUPANCY": "gpuscope_gpu_sm_occupancy_ratio",
@@ -101,13 +119,11 @@ COMPUTED_HERE = {"DCGM_FI_DEV_XID_ERRORS": "from the xid labels of gpuscope_gpu_
 
 
 def compat_names() -> list[str]:
-    return dcgm.recorded_names()
+    return dcgm.served_names()
 
 
 def test_every_compatibility_series_has_a_source_here() -> None:
     assert sorted(compat_names()) == sorted([*SOURCES, *FULL_DETAIL_ONLY, *COMPUTED_HERE])
-    for variant in dcgm.VARIANTS:
-        assert dcgm.recorded_names(variant) == compat_names(), variant.name
 
 
 def test_every_counter_of_the_list_is_checked_here() -> None:
@@ -123,8 +139,9 @@ def test_every_counter_of_the_list_is_checked_here() -> None:
 @dataclass
 class CompatNode:
     sim: SimNode
-    agent: AgentProcess
-    proms: dict[Path, Prometheus]  # rules file (variant) -> the Prometheus that loads it
+    agents: dict[str, AgentProcess]  # --dcgm-compat value -> the agent running with it
+    proms: dict[str, Prometheus]  # --dcgm-compat value -> the Prometheus scraping that agent
+    started: float  # monotonic, when the agents were started
 
 
 @pytest.fixture
@@ -132,25 +149,28 @@ def compat_node(
     tmp_path: Path,
     agent_process: Callable[..., AgentProcess],
     sim_node: Callable[..., SimNode],
-    monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[CompatNode]:
-    sim = sim_node(SIM_NODE)  # on real time: the agent's sampler runs
+    sim = sim_node(SIM_NODE)  # on real time: the agents' samplers run
     training_scenario(sim)
     sim.fake.set_remapped_rows(3, 2, 1, pending=False, failure=True)
-    agent = agent_process(
-        *sim_node_args(sim), "--collectors", "gpu,kubelet,pods", env=sim.fake.env()
-    )
-    # One Prometheus per variant, both scraping the one agent: the two rule files record the
-    # same names, so one server loading both would hold two series per GPU. start_prometheus
-    # loads the module's RULES: here each variant's compatibility rules alone.
-    proms: dict[Path, Prometheus] = {}
+    started = time.monotonic()
+    # One agent per variant on the one node, each scraped by a Prometheus of its own (with
+    # gpuscope's rules, start_prometheus's RULES: no DCGM rules exist), once a collection.
+    agents = {
+        variant: agent_process(
+            *sim_node_args(sim), "--collectors", "gpu,kubelet,pods", "--dcgm-compat", variant,
+            "--metrics-include", INCLUDE_RATIOS, "--collection-max-age", "0",
+            env=sim.fake.env(),
+        )
+        for variant in dcgm.VARIANTS
+    }  # fmt: skip
+    proms: dict[str, Prometheus] = {}
     try:
-        for variant in dcgm.VARIANTS:
-            monkeypatch.setattr(prometheus_e2e, "RULES", variant)
+        for variant, agent in agents.items():
             proms[variant] = prometheus_e2e.start_prometheus(
-                tmp_path / variant.stem, {SIM_NODE: f"127.0.0.1:{agent.port}"}
+                tmp_path / variant, {SIM_NODE: f"127.0.0.1:{agent.port}"}
             )
-        yield CompatNode(sim, agent, proms)
+        yield CompatNode(sim, agents, proms, started)
     finally:
         for prom in proms.values():
             prom.proc.terminate()
@@ -189,9 +209,14 @@ def _xid_values(prom: Prometheus, at: float) -> dict[str, float]:
     return values
 
 
-def check_round(node: CompatNode, variant: Path) -> dict[str, str]:
-    """One round of every check against the Prometheus loading `variant`; {where: what is
-    wrong}, empty when all hold."""
+def _near(value: float, want: float, tolerance: float) -> bool:
+    return math.isclose(value, want, rel_tol=tolerance, abs_tol=1e-9)
+
+
+def check_round(node: CompatNode, variant: str, *, rates: bool = True) -> dict[str, str]:
+    """One round of every check against the Prometheus scraping the agent with `variant`;
+    {where: what is wrong}, empty when all hold. `rates`: compare the throughputs' values
+    too (the agents have run long enough, RATES_AFTER_S)."""
     prom, problems = node.proms[variant], {}
     holder_names = dcgm.VARIANTS[variant]  # what the holders' labels are called on its series
     info = {s["metric"]["uuid"]: s["metric"] for s in prom.query("gpuscope_gpu_info")}
@@ -202,10 +227,10 @@ def check_round(node: CompatNode, variant: Path) -> dict[str, str]:
         return {"sources": f"{len(info)} GPUs in gpuscope_gpu_info, holders {holders}"}
     for name in FULL_DETAIL_ONLY:
         if prom.query(name):
-            problems[name] = "recorded at the default detail level, whose sources are full only"
+            problems[name] = "served at the default detail level, where it is full only"
     for name in dcgm.NO_GPUSCOPE_SOURCE:
         if prom.query(f"{{__name__='{name}'}}"):
-            problems[name] = "recorded, although gpuscope has no source for it"
+            problems[name] = "served, although gpuscope has no source for it"
     for name in compat_names():
         if name in FULL_DETAIL_ONLY:
             continue
@@ -231,7 +256,9 @@ def check_round(node: CompatNode, variant: Path) -> dict[str, str]:
                 "pci_bus_id": source["pci_bus_id"],
                 "DCGM_FI_DRIVER_VERSION": source["driver_version"],
                 "job": "gpuscope",
-                "instance": f"127.0.0.1:{node.agent.port}",
+                "instance": f"127.0.0.1:{node.agents[variant].port}",
+                "cluster": CLUSTER,  # the scrape's target labels, as on every series
+                "node": SIM_NODE,
             }
             holder = tuple(labels.pop(k, "") for k in holder_names)
             if labels != expected:
@@ -259,10 +286,18 @@ def check_round(node: CompatNode, variant: Path) -> dict[str, str]:
         )
         if set(expected_values) != set(info):
             problems[f"{name} source"] = f"for {len(expected_values)} of {GPUS} GPUs"
+        tolerance = RATE_TOLERANCE.get(name)
+        if tolerance is not None and not rates:
+            continue
         for s in recorded:
             uuid = s["metric"]["UUID"]
             value, want_value = float(s["value"][1]), expected_values.get(uuid, math.nan)
-            if not _close(value, want_value):
+            near = (
+                _close(value, want_value)
+                if tolerance is None
+                else _near(value, want_value, tolerance)
+            )
+            if not near:
                 problems[f"{name} GPU {s['metric']['gpu']} value"] = (
                     f"{value} != {want_value} (source at {at})"
                 )
@@ -277,7 +312,7 @@ def test_every_compatibility_series_has_dcgm_labels_and_its_sources_value(
         for xid in xids:
             fake.inject_xid(gpu, xid)
     deadline = time.monotonic() + SETTLE_TIMEOUT_S
-    pending: dict[Path, dict[str, str]] = {
+    pending: dict[str, dict[str, str]] = {
         variant: {"": "not checked"} for variant in compat_node.proms
     }
     rounds = 0
@@ -289,16 +324,30 @@ def test_every_compatibility_series_has_dcgm_labels_and_its_sources_value(
             if not problems:
                 continue
             try:
-                pending[variant] = check_round(compat_node, variant)
+                pending[variant] = check_round(compat_node, variant, rates=False)
             except PromQLError as err:
                 pending[variant] = {"query": str(err)}
+    # Then the throughputs' values, once their sources have a minute of history.
+    time.sleep(max(0.0, compat_node.started + RATES_AFTER_S - time.monotonic()))
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    for variant, problems in pending.items():
+        pending[variant] = problems or {"": "not checked"}
+    while any(pending.values()) and time.monotonic() < deadline:
+        time.sleep(1)
+        rounds += 1
+        for variant, problems in pending.items():
+            if problems:
+                try:
+                    pending[variant] = check_round(compat_node, variant, rates=True)
+                except PromQLError as err:
+                    pending[variant] = {"query": str(err)}
     for variant, problems in pending.items():
         prom = compat_node.proms[variant]
         report = "\n".join(f"  {where}: {why}" for where, why in sorted(problems.items()))
         assert not problems, (
-            f"{variant.name}: {len(problems)} problem(s) after {rounds} rounds:\n{report}\n"
+            f"{variant}: {len(problems)} problem(s) after {rounds} rounds:\n{report}\n"
             f"prometheus log:\n{prom.logs()}\n"
-            f"agent log (tail):\n{compat_node.agent.logs()[-2000:]}"
+            f"agent log (tail):\n{compat_node.agents[variant].logs()[-2000:]}"
         )
     for variant, prom in compat_node.proms.items():
         # The injected XIDs were counted, so XID_ERRORS was checked against numbers, not zeros.
@@ -311,7 +360,12 @@ def test_every_compatibility_series_has_dcgm_labels_and_its_sources_value(
         # told apart by the variant's pod label.
         pod = dcgm.VARIANTS[variant][1]
         pods = {s["metric"].get(pod) for s in prom.query('DCGM_FI_DEV_FB_USED{gpu="6"}')}
-        assert len(pods) == 2 and "" not in pods and None not in pods, (variant.name, pods)
+        assert len(pods) == 2 and "" not in pods and None not in pods, (variant, pods)
+        # The derived PCIe names are the new ones / 1024 exactly, in the same scrape.
+        ratio = prom.query(
+            "DCGM_FI_DEV_PCIE_TX_THROUGHPUT * 1024 / (DCGM_FI_PROF_PCIE_TX_BYTES > 0)"
+        )
+        assert ratio and {float(s["value"][1]) for s in ratio} == {1.0}, ratio
     print(f"\nall compatibility series matched their sources after {rounds} round(s)")
 
 
@@ -372,6 +426,8 @@ def check_mig_round(prom: Prometheus, port: int) -> dict[str, str]:
                 "GPU_I_PROFILE": instances.get(key),
                 "job": "gpuscope",
                 "instance": f"127.0.0.1:{port}",
+                "cluster": CLUSTER,
+                "node": SIM_NODE,
             }
             if labels != want:
                 problems[f"{name} {key}"] = f"labels {labels}, expected {want}"
@@ -387,14 +443,12 @@ def check_mig_round(prom: Prometheus, port: int) -> dict[str, str]:
 def test_mig_gpu_instances_get_their_own_series_with_gpu_i_id_and_profile(
     tmp_path: Path,
     agent_process: Callable[..., AgentProcess],
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     fake = FakeNvml(MIG_PROFILE, tmp_path / "mig.state")
     agent = agent_process(
         "--collectors", "gpu", "--labels-mode", "none", "--metrics-detail", "full",
-        env=fake.env(),
+        "--dcgm-compat", "on", "--node-name", SIM_NODE, env=fake.env(),
     )  # fmt: skip
-    monkeypatch.setattr(prometheus_e2e, "RULES", DCGM_COMPAT)
     prom = prometheus_e2e.start_prometheus(tmp_path / "prom", {SIM_NODE: f"127.0.0.1:{agent.port}"})
     try:
         deadline = time.monotonic() + SETTLE_TIMEOUT_S

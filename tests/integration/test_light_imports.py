@@ -75,6 +75,8 @@ NOT_IMPORTED = (
     "gpuscope.agent.k8s.records",
     "gpuscope.exporters.prometheus.amd",  # the catalog is assembled from metric specs
     "gpuscope.exporters.prometheus.net",
+    "gpuscope.exporters.prometheus.dcgm",  # --dcgm-compat is off by default
+    "gpuscope.exporters.prometheus.catalog_dcgm",
     "gpuscope.exporters.prometheus.net_devices",
     "gpuscope.agent.net.ebpf",
     "gpuscope.agent.net.bpf_program",

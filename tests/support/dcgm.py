@@ -1,9 +1,10 @@
 """What the DCGM compatibility tests share: dcgm-exporter's default counter list (the fixture
 tests/rules/dcgm-exporter/default-counters.csv, a copy of its etc/default-counters.csv), the
-two variants of the compatibility rules and the labels each puts on its series.
+two variants of the agent's --dcgm-compat and the holder labels each puts on its series.
 
 The counter list is read, not written out in the tests, so that the migration guide's table,
-the rules and the end-to-end check follow dcgm-exporter's list when the fixture is updated.
+the agent's catalog and the end-to-end check follow dcgm-exporter's list when the fixture is
+updated.
 """
 
 from __future__ import annotations
@@ -11,15 +12,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import yaml
 
 from tests.support.common import REPO
 
 DEFAULT_COUNTERS_CSV = REPO / "tests" / "rules" / "dcgm-exporter" / "default-counters.csv"
-DCGM_COMPAT = REPO / "daemonset" / "rules" / "dcgm-compat.rules.yml"
-DCGM_COMPAT_EXPORTED = REPO / "daemonset" / "rules" / "dcgm-compat-exported-labels.rules.yml"
 MIGRATION_DOC = REPO / "docs" / "migrating-from-dcgm-exporter.md"
 
 # dcgm-exporter's labels of a GPU on every compatibility series: Hostname (its releases up to
@@ -33,12 +29,13 @@ HOSTNAME_LABELS = ("Hostname", "hostname")
 # stores them as when the scrape has honorLabels: false (the exported_* variant).
 HOLDER_LABELS = ("namespace", "pod", "container")
 EXPORTED_HOLDER_LABELS = ("exported_namespace", "exported_pod", "exported_container")
-VARIANTS: dict[Path, tuple[str, ...]] = {
-    DCGM_COMPAT: HOLDER_LABELS,
-    DCGM_COMPAT_EXPORTED: EXPORTED_HOLDER_LABELS,
+# --dcgm-compat's values -> the holder labels of their series.
+VARIANTS: dict[str, tuple[str, ...]] = {
+    "on": HOLDER_LABELS,
+    "exported-labels": EXPORTED_HOLDER_LABELS,
 }
 
-# Counters of dcgm-exporter's list that gpuscope has no source for: not recorded (the guide's
+# Counters of dcgm-exporter's list that gpuscope has no source for: not served (the guide's
 # rows say "none"; the end-to-end check finds no series).
 NO_GPUSCOPE_SOURCE = {
     "DCGM_FI_DEV_ENC_UTIL": "gpuscope does not read the video encoder",
@@ -92,15 +89,11 @@ def metric_counters() -> list[DcgmCounter]:
     return [c for c in default_counters() if c.type != "label"]
 
 
-def compat_rules(path: Path = DCGM_COMPAT) -> list[dict[str, Any]]:
-    doc = yaml.safe_load(path.read_text())
-    rules: list[dict[str, Any]] = [r for g in doc["groups"] for r in g["rules"]]
-    return rules
+def served_names() -> list[str]:
+    """The DCGM_FI_* names the agent serves with --dcgm-compat, in its catalog's order."""
+    from gpuscope.exporters.prometheus.catalog_dcgm import FIELDS
 
-
-def recorded_names(path: Path = DCGM_COMPAT) -> list[str]:
-    """The DCGM_FI_* names the rules record, in their order."""
-    return [r["record"] for r in compat_rules(path) if r["record"].startswith("DCGM_FI_")]
+    return [f.name for f in FIELDS]
 
 
 def guide_table(heading: str) -> list[list[str]]:

@@ -24,7 +24,6 @@ KUSTOMIZATIONS = (
     "overlays/plain-prometheus",
     "overlays/no-node-labels",
     "overlays/dcgm-compat",
-    "overlays/plain-prometheus-dcgm-compat",
     "overlays/servicemonitor",
     "overlays/amd",
 )
