@@ -704,3 +704,14 @@ def test_the_text_format_is_served_with_prometheus_clients_content_type() -> Non
     from gpuscope.agent.serve.server import CONTENT_TYPE_TEXT
 
     assert CONTENT_TYPE_TEXT == CONTENT_TYPE_LATEST
+
+
+def test_reason_phrases_are_the_standard_library_s() -> None:
+    """The server writes its usual statuses' reason phrases without importing `http`; they
+    are http.HTTPStatus's, and any other status still gets its phrase."""
+    from http import HTTPStatus
+
+    from gpuscope.agent.serve.http_wire import _REASONS, reason_phrase
+
+    for status in (*_REASONS, 418, 502):
+        assert reason_phrase(status) == HTTPStatus(status).phrase
