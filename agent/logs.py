@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import time
@@ -17,6 +16,15 @@ _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"messa
 
 
 class JsonFormatter(logging.Formatter):
+    """One JSON object per line. `json` is imported when this formatter is made, not by
+    every agent that imports this module (the text format does not need it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import json
+
+        self._dumps = json.dumps
+
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, object] = {
             "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z",
@@ -29,7 +37,7 @@ class JsonFormatter(logging.Formatter):
                 entry[key] = value
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str)
+        return self._dumps(entry, default=str)
 
 
 def setup(fmt: str = "text", level: str = "info", stream: TextIO | None = None) -> None:
