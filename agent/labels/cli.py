@@ -14,7 +14,6 @@ host's /sys and the label prefix the agent does.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -154,6 +153,8 @@ def labels_main(argv: Sequence[str]) -> int:
         print(f"gpuscope labels: left out {key}: {why}", file=sys.stderr)
     labels, annotations = checked.labels, checked.annotations
     if output == "json":
+        import json  # here: the agent imports this module for its flags, not to print JSON
+
         print(json.dumps({"labels": labels, "annotations": annotations}, indent=2, sort_keys=True))
     else:
         width = max((len(k) for k in (*labels, *annotations)), default=0)
