@@ -195,7 +195,15 @@ class SelectorLoop:
                 until_timer = max(0.0, self._timers[0][0] - self.time())
                 wait = until_timer if wait is None else min(wait, until_timer)
         for key, _events in self._selector.select(wait):
-            key.data()
+            try:
+                key.data()
+            except Exception as exc:  # noqa: BLE001 - reported, the loop goes on (as asyncio's)
+                self.call_exception_handler(
+                    {
+                        "message": f"exception in a readiness callback of {key.fileobj!r}",
+                        "exception": exc,
+                    }
+                )
         now = self.time()
         while self._timers and self._timers[0][0] <= now:
             _, _, handle = heapq.heappop(self._timers)
@@ -390,11 +398,16 @@ class Transport:
             self._loop._remove(self._sock)
 
     def _ready(self) -> None:
-        """The selector says the socket can be read or written: try both that apply."""
-        if self._buffer and not self._lost:
-            self._write_ready()
-        if self._reading and not self._read_paused and not self._closing and not self._lost:
-            self._read_ready()
+        """The selector says the socket can be read or written: try both that apply. An
+        error here (a bug, not the peer's doing) is reported and ends this connection, so it
+        cannot leave a ready socket that the loop would wake for forever."""
+        try:
+            if self._buffer and not self._lost:
+                self._write_ready()
+            if self._reading and not self._read_paused and not self._closing and not self._lost:
+                self._read_ready()
+        except Exception as exc:  # noqa: BLE001 - one connection's failure ends that connection
+            self._fatal(exc, report=True)
 
     def _read_ready(self) -> None:
         try:
