@@ -61,6 +61,7 @@ def serve(source: Path | None, render_ms: float) -> None:
         spec = importlib.util.spec_from_file_location("baseline_server", source)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up while it runs
         spec.loader.exec_module(module)
 
     def render() -> bytes:
