@@ -51,6 +51,7 @@ def _build(ctx: BuildContext[GpuOptions]) -> Source[GpuSnapshot]:
         sysfs=ctx.agent.sysfs,
         background=ctx.background,
         read_deadline=ctx.options.gpu_read_deadline,
+        per_second_figures=ctx.agent.dcgm_compat != "off",
     )
     return GpuSource(config, clock=ctx.clock)
 

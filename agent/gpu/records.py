@@ -121,7 +121,8 @@ class NvidiaReading:
     dram_active_seconds: float | None = None
     # Throughput per second over the source's own last window (GpuSource.read documents it):
     # PCIe bytes each way, and NVLink data bytes both ways over all links. None on the
-    # first reading, where the GPU has no such counter, or after a counter went back.
+    # first reading, where the GPU has no such counter, after a counter went back, and
+    # unless --dcgm-compat (their one reader) is on.
     pcie_transmit_bytes_per_second: float | None = None
     pcie_receive_bytes_per_second: float | None = None
     nvlink_bytes_per_second: float | None = None

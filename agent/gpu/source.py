@@ -10,7 +10,8 @@ data throughput fields; PCIe's fields 197/198, driver R555+) the counters' incre
 this source's previous read of that GPU, divided by the time between the two reads (the
 source's last window: the time between two collections, which scrapes share); where the
 sampler integrates PCIe throughput instead, its latest 20 ms reading (`GpuIntegrals`). None
-on a GPU's first read, after a counter went back (a driver reload) and without a source.
+on a GPU's first read, after a counter went back (a driver reload) and without a source;
+computed only where `GpuConfig.per_second_figures` asks (--dcgm-compat, their one reader).
 
 Every per-GPU NVML call goes through that GPU's gate (agent/accelerators/gate.py): the GPUs are read
 in parallel, each on its own worker thread, and `read` waits for them up to one read
@@ -105,6 +106,9 @@ class GpuConfig:
     sysfs: Path = Path("/sys")
     background: bool = True  # False: tests drive `sampler.tick()` themselves
     read_deadline: float = DEFAULT_DEADLINE  # seconds one GPU's read may take (gate.py)
+    # The per-second throughputs (module docstring): about 11 us a GPU a collection, for
+    # --dcgm-compat alone, so computed only when it is on.
+    per_second_figures: bool = False
 
 
 class GpuSource:
@@ -246,7 +250,10 @@ class GpuSource:
         reading = dev.read(self.nvml, device, integrals, xids)
         if not reading.up:
             return reading
-        return self._counters.with_rates(self._with_processes(device, reading), integrals, now)
+        reading = self._with_processes(device, reading)
+        if not self.config.per_second_figures:
+            return reading
+        return self._counters.with_rates(reading, integrals, now)
 
     def _find(self, index: int) -> _Found | Exception:
         """(On the GPU's worker.) A GPU that did not answer before: identified, registered

@@ -38,6 +38,11 @@ class HostOptions(Protocol):
     def kubeconfig(self) -> Path | None: ...
     @property
     def cgroup_root(self) -> Path | None: ...
+    @property
+    def dcgm_compat(self) -> str:
+        """`off` unless dcgm-exporter's names are served, which need the GPU source's
+        per-second throughputs (computed only then: agent/gpu/source.py)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)

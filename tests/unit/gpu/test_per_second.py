@@ -55,3 +55,18 @@ def test_rate_integrator_holds_its_latest_reading_for_max_gap() -> None:
     r.add(1.0, 2048.0)
     assert r.current(5.0) == 2048.0
     assert r.current(5.1) is None
+
+
+def test_the_source_computes_them_only_when_dcgm_names_are_served() -> None:
+    """Their one reader is --dcgm-compat: without it a collection does not pay for them."""
+    from gpuscope.agent.app.config import parse
+    from gpuscope.agent.clock import SystemClock
+    from gpuscope.agent.gpu.collector import GPU
+    from gpuscope.agent.gpu.source import GpuSource
+    from gpuscope.agent.runtime.spec import BuildContext
+
+    for value, wanted in (("off", False), ("on", True), ("exported-labels", True)):
+        config = parse(["--collectors", "gpu", "--dcgm-compat", value], env={})
+        source = GPU.build(BuildContext(config.agent, config.of(GPU), SystemClock(), False))
+        assert isinstance(source, GpuSource)
+        assert source.config.per_second_figures is wanted
