@@ -172,10 +172,6 @@ class SelectorLoop:
         self._listeners.discard(listener)
         self._remove(listener)
 
-    def transports(self) -> list[Transport]:
-        """The connections open now."""
-        return list(self._transports)
-
     def run_until_stopped(self) -> None:
         self._stopping = False
         while not self._stopping:
